@@ -1,0 +1,1 @@
+//! Source and destination state machines, control channel, RAM chunks.

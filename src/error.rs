@@ -1,0 +1,56 @@
+//! The error type shared by every layer above the codec.
+
+use std::fmt;
+
+/// What went wrong, coarse enough for a caller to act on. The C ABI maps each
+/// kind to a fixed `rdmamig_status` value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// A caller passed an argument that makes no sense (bad length, unknown block, ...).
+    InvalidArgument,
+    /// No RDMA device is present or usable on this host.
+    NoDevice,
+    /// A verbs or rdma_cm call failed.
+    Verbs,
+    /// Address/route resolution or connection establishment failed.
+    Connect,
+    /// The peer speaks another protocol version.
+    Version,
+    /// The peer sent a malformed or unexpected message.
+    Protocol,
+    /// The peer reported an error (an ERROR control message).
+    PeerError,
+    /// The peer disconnected or the device went away.
+    Disconnected,
+    /// A wait ran past its deadline.
+    Timeout,
+    /// The RAM block lists of the two sides do not match.
+    BlockMismatch,
+    /// The connection was aborted earlier; this is the stored error.
+    Aborted,
+    /// The operation is not valid in the connection's current state.
+    State,
+}
+
+/// An error with a message naming its cause.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error { kind, message: message.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,1 @@
+//! The C ABI: argument checks, panic boundary, handle casts. No logic.

@@ -1,0 +1,19 @@
+//! rdmamig: live migration of a VM's RAM and device state over RDMA, speaking
+//! QEMU's RDMA migration protocol version 1 on the wire.
+//!
+//! Layers, each with one job:
+//! - [`wire`]: the protocol codec (pure, no I/O, fuzzed);
+//! - [`verbs`]: thin RAII over libibverbs/librdmacm, the only place with raw verbs `unsafe`;
+//! - [`engine`]: source/destination state machines, control channel, RAM chunks;
+//! - `ffi`: the C ABI (argument checks, panic boundary, handle casts; no logic).
+
+pub mod error;
+pub mod wire;
+pub mod verbs;
+pub mod engine;
+mod ffi;
+
+pub use error::{Error, ErrorKind, Result};
+
+/// The library version, as in Cargo.toml.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,1 @@
+//! Thin RAII wrappers over libibverbs/librdmacm; the only place with raw verbs calls.
