@@ -1,1 +1,5 @@
 //! Source and destination state machines, control channel, RAM chunks.
+
+pub mod config;
+
+pub use config::Config;
