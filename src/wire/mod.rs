@@ -1,1 +1,72 @@
 //! QEMU RDMA migration protocol v1 codec: pure functions over byte slices.
+//!
+//! No I/O and no allocation on the hot path; every input is validated and every
+//! rejection is a typed [`DecodeError`] (the decoders never panic, see the fuzz
+//! targets in `fuzz/`). All integers are big-endian on the wire. Padding is
+//! written as zero and ignored when read (QEMU leaves entry padding as stack garbage).
+//!
+//! * [`Capabilities`]: the 8-byte rdma_cm private data.
+//! * [`ControlHeader`], [`encode_header`], [`decode_header`]: the 16-byte control header.
+//! * [`Entry`] and its implementations: fixed-size payload entries.
+//! * [`decode_message`] / [`Message`]: a validated received message.
+//! * [`MessageWriter`]: builds a message in a send buffer.
+//!
+//! Layouts follow the protocol fact sheet (`qemu-rdma-protocol.md` §1.4, §2, §3).
+//! The one rdmamig extension is [`BlockName`] entries in RAM_BLOCKS_REQUEST
+//! (len = repeat × 256), which QEMU never sends and a QEMU destination would ignore.
+
+mod entry;
+mod error;
+mod header;
+mod message;
+
+#[cfg(test)]
+mod tests;
+
+pub use entry::{BlockName, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
+pub use error::{DecodeError, EncodeError};
+pub use header::{decode_header, encode_header, Capabilities, CommandType, ControlHeader};
+pub use message::{decode_message, Entries, Message, MessageWriter};
+
+/// Size of the control header.
+pub const CONTROL_HEADER_LEN: usize = 16;
+/// Size of each control buffer and of each posted receive (512 KiB).
+pub const CONTROL_BUFFER_SIZE: usize = 524288;
+/// Largest payload: a control buffer minus the header.
+pub const MAX_PAYLOAD: usize = CONTROL_BUFFER_SIZE - CONTROL_HEADER_LEN;
+/// Largest `repeat` (commands per message).
+pub const MAX_REPEAT: u32 = 4096;
+/// log2 of the registration chunk size.
+pub const CHUNK_SHIFT: u32 = 20;
+/// Registration chunk size (1 MiB).
+pub const CHUNK_SIZE: u64 = 1 << CHUNK_SHIFT;
+/// Largest QEMU_FILE payload QEMU sends per message.
+pub const SEND_INCREMENT: usize = 32768;
+/// The protocol version spoken (and the only one accepted by QEMU).
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Capability: the destination pins (registers) all RAM up front.
+pub const CAP_PIN_ALL: u32 = 0x1;
+/// Capability: rdmamig-only extensions (block names in RAM_BLOCKS_REQUEST).
+/// QEMU masks it away, so it is only ever set between two rdmamig peers.
+pub const CAP_RDMAMIG_EXT: u32 = 0x8000_0000;
+/// Every capability bit rdmamig understands.
+pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT;
+/// Size of a [`BlockName`] entry.
+pub const BLOCK_NAME_LEN: usize = 256;
+
+const _: () = assert!(MAX_PAYLOAD == 524272);
+const _: () = assert!(CHUNK_SIZE == 1 << 20);
+
+/// Big-endian u32 at `off`. Callers check the length first.
+fn be32(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_be_bytes(a)
+}
+
+/// Big-endian u64 at `off`. Callers check the length first.
+fn be64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_be_bytes(a)
+}

@@ -1,0 +1,252 @@
+//! Fixed-size payload entries (fact sheet §3), plus the rdmamig block-name extension.
+
+use super::error::{DecodeError, EncodeError};
+use super::{be32, be64, BLOCK_NAME_LEN};
+
+/// A fixed-size payload entry.
+///
+/// `encode` writes exactly `SIZE` bytes into `out[..SIZE]`, padding as zero;
+/// it panics if `out` is shorter than `SIZE` (the [`MessageWriter`](super::MessageWriter)
+/// always passes the right size). `decode` reads `b[..SIZE]` (longer input is
+/// fine, shorter is [`DecodeError::TooShort`]) and ignores padding, which QEMU
+/// may leave as stack garbage.
+pub trait Entry: Sized {
+    /// Encoded size in bytes.
+    const SIZE: usize;
+
+    /// Writes the entry into `out[..Self::SIZE]`.
+    fn encode(&self, out: &mut [u8]);
+
+    /// Reads an entry from `b[..Self::SIZE]`.
+    fn decode(b: &[u8]) -> Result<Self, DecodeError>;
+
+    /// Whether this value may be sent. [`MessageWriter::push`](super::MessageWriter::push)
+    /// calls it before encoding; the default accepts everything.
+    fn check(&self) -> Result<(), EncodeError> {
+        Ok(())
+    }
+}
+
+fn need(what: &'static str, size: usize, b: &[u8]) -> Result<(), DecodeError> {
+    if b.len() < size {
+        Err(DecodeError::TooShort { what, needed: size, got: b.len() })
+    } else {
+        Ok(())
+    }
+}
+
+fn put32(out: &mut [u8], off: usize, v: u32) {
+    out[off..off + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+fn put64(out: &mut [u8], off: usize, v: u64) {
+    out[off..off + 8].copy_from_slice(&v.to_be_bytes());
+}
+
+/// RDMARegister: a REGISTER_REQUEST or UNREGISTER_REQUEST entry (24 bytes).
+///
+/// `key` is an address in the destination's ram_addr_t space (REGISTER) or a
+/// chunk index (UNREGISTER); `chunks` counts *additional* chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RegisterRequest {
+    pub key: u64,
+    pub block_index: u32,
+    pub chunks: u64,
+}
+
+impl Entry for RegisterRequest {
+    const SIZE: usize = 24;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put64(out, 0, self.key);
+        put32(out, 8, self.block_index);
+        put32(out, 12, 0);
+        put64(out, 16, self.chunks);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("RegisterRequest entry", Self::SIZE, b)?;
+        Ok(RegisterRequest { key: be64(b, 0), block_index: be32(b, 8), chunks: be64(b, 16) })
+    }
+}
+
+/// RDMARegisterResult: a REGISTER_RESULT entry (16 bytes). `host_addr` is the
+/// destination's block base virtual address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RegisterResult {
+    pub rkey: u32,
+    pub host_addr: u64,
+}
+
+impl Entry for RegisterResult {
+    const SIZE: usize = 16;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put32(out, 0, self.rkey);
+        put32(out, 4, 0);
+        put64(out, 8, self.host_addr);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("RegisterResult entry", Self::SIZE, b)?;
+        Ok(RegisterResult { rkey: be32(b, 0), host_addr: be64(b, 8) })
+    }
+}
+
+/// RDMADestBlock: a RAM_BLOCKS_RESULT entry (32 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DestBlock {
+    pub remote_host_addr: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub remote_rkey: u32,
+}
+
+impl Entry for DestBlock {
+    const SIZE: usize = 32;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put64(out, 0, self.remote_host_addr);
+        put64(out, 8, self.offset);
+        put64(out, 16, self.length);
+        put32(out, 24, self.remote_rkey);
+        put32(out, 28, 0);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("DestBlock entry", Self::SIZE, b)?;
+        Ok(DestBlock {
+            remote_host_addr: be64(b, 0),
+            offset: be64(b, 8),
+            length: be64(b, 16),
+            remote_rkey: be32(b, 24),
+        })
+    }
+}
+
+/// RDMACompress: a COMPRESS entry (24 bytes): zero `length` bytes at `offset`
+/// (destination ram_addr_t space) of block `block_index`.
+///
+/// `value` must be 0: `decode` rejects anything else, and so does
+/// [`check`](Entry::check) (hence `MessageWriter::push`); `encode` writes it as given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Compress {
+    pub value: u32,
+    pub block_index: u32,
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl Entry for Compress {
+    const SIZE: usize = 24;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put32(out, 0, self.value);
+        put32(out, 4, self.block_index);
+        put64(out, 8, self.offset);
+        put64(out, 16, self.length);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("Compress entry", Self::SIZE, b)?;
+        let value = be32(b, 0);
+        if value != 0 {
+            return Err(DecodeError::CompressNonZeroValue { value });
+        }
+        Ok(Compress { value, block_index: be32(b, 4), offset: be64(b, 8), length: be64(b, 16) })
+    }
+
+    fn check(&self) -> Result<(), EncodeError> {
+        if self.value != 0 {
+            return Err(EncodeError::CompressNonZeroValue { value: self.value });
+        }
+        Ok(())
+    }
+}
+
+/// rdmamig extension: a RAM_BLOCKS_REQUEST entry naming one source block
+/// (256 bytes: the UTF-8 name, then NUL padding).
+///
+/// A valid name is 1..=255 bytes with no NUL, so the encoding always holds a
+/// terminator. Build one with [`BlockName::new`]. The field is public, so an
+/// invalid name can still be constructed directly: [`check`](Entry::check)
+/// (hence `MessageWriter::push`) rejects it, and a direct `encode` does not
+/// panic but writes the name cut at its first NUL or at the last character
+/// boundary within 255 bytes.
+///
+/// `decode` takes the bytes before the first NUL (the rest is ignored); they
+/// must be non-empty UTF-8, and a NUL must occur within the 256 bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlockName(pub String);
+
+impl BlockName {
+    /// Longest valid name in bytes (one byte is kept for the NUL terminator).
+    pub const MAX_LEN: usize = BLOCK_NAME_LEN - 1;
+
+    /// A block name, if `name` is 1..=255 bytes without NUL.
+    pub fn new(name: &str) -> Result<Self, EncodeError> {
+        Self::validate(name)?;
+        Ok(BlockName(name.to_owned()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn validate(name: &str) -> Result<(), EncodeError> {
+        if name.is_empty() {
+            return Err(EncodeError::EmptyBlockName);
+        }
+        if name.len() > Self::MAX_LEN {
+            return Err(EncodeError::BlockNameTooLong { len: name.len(), max: Self::MAX_LEN });
+        }
+        if let Some(at) = name.bytes().position(|c| c == 0) {
+            return Err(EncodeError::BlockNameContainsNul { at });
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<&str> for BlockName {
+    type Error = EncodeError;
+    fn try_from(s: &str) -> Result<Self, EncodeError> {
+        BlockName::new(s)
+    }
+}
+
+impl Entry for BlockName {
+    const SIZE: usize = BLOCK_NAME_LEN;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        let s = self.0.as_str();
+        let mut n = s.len().min(Self::MAX_LEN);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        out[..n].copy_from_slice(&s.as_bytes()[..n]);
+        out[n..].fill(0);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("BlockName entry", Self::SIZE, b)?;
+        let b = &b[..Self::SIZE];
+        let n = b.iter().position(|&c| c == 0).ok_or(DecodeError::UnterminatedBlockName)?;
+        if n == 0 {
+            return Err(DecodeError::EmptyBlockName);
+        }
+        match std::str::from_utf8(&b[..n]) {
+            Ok(s) => Ok(BlockName(s.to_owned())),
+            Err(e) => Err(DecodeError::BlockNameNotUtf8 { valid_up_to: e.valid_up_to() }),
+        }
+    }
+
+    fn check(&self) -> Result<(), EncodeError> {
+        Self::validate(&self.0)
+    }
+}

@@ -1,0 +1,145 @@
+//! Connection private data (fact sheet §1.4) and the 16-byte control header (§2.1, §2.2).
+
+use super::error::DecodeError;
+use super::{be32, CAP_PIN_ALL, CONTROL_HEADER_LEN, PROTOCOL_VERSION};
+
+/// Capabilities exchanged as rdma_cm private data: `{version, flags}`, both
+/// big-endian u32, 8 bytes, no length field.
+///
+/// Unknown flag bits are carried unchanged by [`encode`](Self::encode) and
+/// [`decode`](Self::decode); masking them with [`KNOWN_CAPS`](super::KNOWN_CAPS)
+/// (or QEMU's 0x1) is negotiation, done by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    pub version: u32,
+    pub flags: u32,
+}
+
+impl Capabilities {
+    /// Size of the encoded capabilities.
+    pub const LEN: usize = 8;
+
+    /// Version-1 capabilities with the given flags.
+    pub const fn v1(flags: u32) -> Self {
+        Capabilities { version: PROTOCOL_VERSION, flags }
+    }
+
+    /// Whether the PIN_ALL bit is set.
+    pub const fn pin_all(&self) -> bool {
+        self.flags & CAP_PIN_ALL != 0
+    }
+
+    /// The 8 bytes of private data: version then flags, big-endian.
+    pub fn encode(&self) -> [u8; 8] {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&self.version.to_be_bytes());
+        out[4..].copy_from_slice(&self.flags.to_be_bytes());
+        out
+    }
+
+    /// Reads the first 8 bytes of `buf`. Longer buffers are accepted: a real
+    /// connect request carries the whole 56-byte RDMA_PS_TCP user area.
+    /// The version is not checked here.
+    pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
+        if buf.len() < Self::LEN {
+            return Err(DecodeError::TooShort {
+                what: "capabilities (private data)",
+                needed: Self::LEN,
+                got: buf.len(),
+            });
+        }
+        Ok(Capabilities { version: be32(buf, 0), flags: be32(buf, 4) })
+    }
+}
+
+/// Control message types: the 0-based wire values of QEMU's enum (§2.2).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommandType {
+    /// "Expect anything" inside QEMU; never sent. [`decode_message`](super::decode_message) rejects it.
+    None = 0,
+    Error = 1,
+    Ready = 2,
+    QemuFile = 3,
+    RamBlocksRequest = 4,
+    RamBlocksResult = 5,
+    Compress = 6,
+    RegisterRequest = 7,
+    RegisterResult = 8,
+    RegisterFinished = 9,
+    UnregisterRequest = 10,
+    UnregisterFinished = 11,
+}
+
+impl CommandType {
+    /// The wire value.
+    pub const fn as_u32(self) -> u32 {
+        self as u32
+    }
+}
+
+impl TryFrom<u32> for CommandType {
+    type Error = DecodeError;
+
+    /// Maps 0..=11 to the command; anything else is [`DecodeError::UnknownType`].
+    fn try_from(v: u32) -> Result<Self, DecodeError> {
+        use CommandType::*;
+        Ok(match v {
+            0 => None,
+            1 => Error,
+            2 => Ready,
+            3 => QemuFile,
+            4 => RamBlocksRequest,
+            5 => RamBlocksResult,
+            6 => Compress,
+            7 => RegisterRequest,
+            8 => RegisterResult,
+            9 => RegisterFinished,
+            10 => UnregisterRequest,
+            11 => UnregisterFinished,
+            other => return Err(DecodeError::UnknownType(other)),
+        })
+    }
+}
+
+impl From<CommandType> for u32 {
+    fn from(t: CommandType) -> u32 {
+        t as u32
+    }
+}
+
+/// The control header: `len` (payload bytes, header excluded), type, repeat,
+/// all big-endian u32, followed by 4 bytes of padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlHeader {
+    pub len: u32,
+    pub kind: CommandType,
+    pub repeat: u32,
+}
+
+/// Writes `h` as 16 bytes; the padding word is written as zero.
+pub fn encode_header(h: &ControlHeader, out: &mut [u8; 16]) {
+    out[0..4].copy_from_slice(&h.len.to_be_bytes());
+    out[4..8].copy_from_slice(&h.kind.as_u32().to_be_bytes());
+    out[8..12].copy_from_slice(&h.repeat.to_be_bytes());
+    out[12..16].fill(0);
+}
+
+/// Parses the first 16 bytes of `b` (longer input is fine; the padding word is
+/// ignored). This checks the layout and the type number only: type 0 (NONE)
+/// is returned as [`CommandType::None`], and `len`/`repeat` are not checked;
+/// [`decode_message`](super::decode_message) does the full validation.
+pub fn decode_header(b: &[u8]) -> Result<ControlHeader, DecodeError> {
+    if b.len() < CONTROL_HEADER_LEN {
+        return Err(DecodeError::TooShort {
+            what: "control header",
+            needed: CONTROL_HEADER_LEN,
+            got: b.len(),
+        });
+    }
+    Ok(ControlHeader {
+        len: be32(b, 0),
+        kind: CommandType::try_from(be32(b, 4))?,
+        repeat: be32(b, 8),
+    })
+}

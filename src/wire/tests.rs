@@ -1,0 +1,635 @@
+//! Unit tests: every validation error, the writer's limits, and property tests.
+//! Golden byte layouts written by hand from the fact sheet live in `tests/wire_golden.rs`.
+
+use super::*;
+use proptest::prelude::*;
+
+/// A raw message: header fields as given (padding zero) followed by `payload`.
+fn raw(len: u32, kind: u32, repeat: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + payload.len());
+    v.extend_from_slice(&len.to_be_bytes());
+    v.extend_from_slice(&kind.to_be_bytes());
+    v.extend_from_slice(&repeat.to_be_bytes());
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A raw message whose `len` matches the payload.
+fn msg(kind: CommandType, repeat: u32, payload: &[u8]) -> Vec<u8> {
+    raw(payload.len() as u32, kind as u32, repeat, payload)
+}
+
+const ALL_TYPES: [CommandType; 12] = [
+    CommandType::None,
+    CommandType::Error,
+    CommandType::Ready,
+    CommandType::QemuFile,
+    CommandType::RamBlocksRequest,
+    CommandType::RamBlocksResult,
+    CommandType::Compress,
+    CommandType::RegisterRequest,
+    CommandType::RegisterResult,
+    CommandType::RegisterFinished,
+    CommandType::UnregisterRequest,
+    CommandType::UnregisterFinished,
+];
+
+#[test]
+fn constants() {
+    assert_eq!(CONTROL_HEADER_LEN, 16);
+    assert_eq!(CONTROL_BUFFER_SIZE, 524288);
+    assert_eq!(MAX_PAYLOAD, 524272);
+    assert_eq!(MAX_REPEAT, 4096);
+    assert_eq!(CHUNK_SHIFT, 20);
+    assert_eq!(CHUNK_SIZE, 1 << 20);
+    assert_eq!(SEND_INCREMENT, 32768);
+    assert_eq!(PROTOCOL_VERSION, 1);
+    assert_eq!(CAP_PIN_ALL, 1);
+    assert_eq!(CAP_RDMAMIG_EXT, 0x8000_0000);
+    assert_eq!(KNOWN_CAPS, 0x8000_0001);
+    assert_eq!(BLOCK_NAME_LEN, 256);
+    assert_eq!(RegisterRequest::SIZE, 24);
+    assert_eq!(RegisterResult::SIZE, 16);
+    assert_eq!(DestBlock::SIZE, 32);
+    assert_eq!(Compress::SIZE, 24);
+    assert_eq!(BlockName::SIZE, 256);
+}
+
+#[test]
+fn command_type_numbers() {
+    for (i, t) in ALL_TYPES.iter().enumerate() {
+        assert_eq!(t.as_u32(), i as u32);
+        assert_eq!(CommandType::try_from(i as u32), Ok(*t));
+        assert_eq!(u32::from(*t), i as u32);
+    }
+    assert_eq!(CommandType::try_from(12), Err(DecodeError::UnknownType(12)));
+    assert_eq!(CommandType::try_from(u32::MAX), Err(DecodeError::UnknownType(u32::MAX)));
+}
+
+// ---- decode_message: one test per validation error ----
+
+#[test]
+fn rejects_short_buffer() {
+    for n in 0..16 {
+        let b = vec![0u8; n];
+        assert_eq!(
+            decode_message(&b),
+            Err(DecodeError::TooShort { what: "control header", needed: 16, got: n })
+        );
+        assert!(decode_header(&b).is_err());
+    }
+}
+
+#[test]
+fn rejects_length_mismatch() {
+    // Header says 8 bytes, 4 received.
+    let b = raw(8, 3, 0, &[1, 2, 3, 4]);
+    assert_eq!(decode_message(&b), Err(DecodeError::LengthMismatch { len: 8, received: 20 }));
+    // Header says 0, 1 trailing byte received.
+    let b = raw(0, 2, 1, &[0]);
+    assert_eq!(decode_message(&b), Err(DecodeError::LengthMismatch { len: 0, received: 17 }));
+}
+
+#[test]
+fn rejects_too_long() {
+    let b = raw(524273, 3, 0, &[]);
+    assert_eq!(decode_message(&b), Err(DecodeError::TooLong { len: 524273, max: 524272 }));
+    let b = raw(u32::MAX, 3, 0, &[]);
+    assert_eq!(decode_message(&b), Err(DecodeError::TooLong { len: u32::MAX, max: 524272 }));
+    // Even when the buffer really is that long.
+    let b = raw(524273, 3, 0, &vec![0; 524273]);
+    assert_eq!(decode_message(&b), Err(DecodeError::TooLong { len: 524273, max: 524272 }));
+}
+
+#[test]
+fn accepts_max_payload() {
+    let b = raw(524272, 3, 0, &vec![7; 524272]);
+    assert_eq!(b.len(), CONTROL_BUFFER_SIZE);
+    let m = decode_message(&b).unwrap();
+    assert_eq!(m.payload.len(), MAX_PAYLOAD);
+}
+
+#[test]
+fn rejects_unknown_and_none_type() {
+    for t in [12u32, 13, 0x100, u32::MAX] {
+        assert_eq!(decode_message(&raw(0, t, 1, &[])), Err(DecodeError::UnknownType(t)));
+        assert_eq!(decode_header(&raw(0, t, 1, &[])), Err(DecodeError::UnknownType(t)));
+    }
+    assert_eq!(decode_message(&raw(0, 0, 1, &[])), Err(DecodeError::NoneType));
+    // decode_header only parses; NONE is a representable type.
+    assert_eq!(decode_header(&raw(0, 0, 1, &[])).unwrap().kind, CommandType::None);
+}
+
+#[test]
+fn rejects_too_many_repeats() {
+    for t in ALL_TYPES.iter().skip(1).filter(|t| **t != CommandType::QemuFile) {
+        let b = raw(0, *t as u32, 4097, &[]);
+        assert_eq!(
+            decode_message(&b),
+            Err(DecodeError::TooManyRepeats { kind: *t, repeat: 4097, max: 4096 }),
+            "{t:?}"
+        );
+    }
+    // Not checked on QEMU_FILE: old QEMU sent garbage there.
+    for r in [0, 1, 4097, 0xdead_beef, u32::MAX] {
+        let b = msg(CommandType::QemuFile, r, b"QEVM");
+        let m = decode_message(&b).unwrap();
+        assert_eq!((m.kind, m.repeat, m.payload), (CommandType::QemuFile, r, &b"QEVM"[..]));
+    }
+    // 4096 entries of 24 bytes is fine.
+    let b = msg(CommandType::RegisterRequest, 4096, &vec![0; 4096 * 24]);
+    assert_eq!(decode_message(&b).unwrap().entries::<RegisterRequest>().count(), 4096);
+}
+
+#[test]
+fn empty_types_reject_payload() {
+    for t in [
+        CommandType::Error,
+        CommandType::Ready,
+        CommandType::RegisterFinished,
+        CommandType::UnregisterFinished,
+    ] {
+        for r in [0, 1, 7, 4096] {
+            let b = msg(t, r, &[]);
+            let m = decode_message(&b).unwrap();
+            assert_eq!((m.kind, m.repeat, m.payload.len()), (t, r, 0));
+        }
+        assert_eq!(
+            decode_message(&msg(t, 1, &[0; 24])),
+            Err(DecodeError::UnexpectedPayload { kind: t, len: 24 })
+        );
+    }
+}
+
+#[test]
+fn qemu_file_any_len() {
+    assert_eq!(decode_message(&msg(CommandType::QemuFile, 0, &[])).unwrap().payload, &[] as &[u8]);
+    let b = msg(CommandType::QemuFile, 1, &[9; 32768]);
+    let m = decode_message(&b).unwrap();
+    assert_eq!(m.payload.len(), 32768);
+}
+
+#[test]
+fn ram_blocks_request_rules() {
+    let t = CommandType::RamBlocksRequest;
+    assert!(decode_message(&msg(t, 1, &[])).is_ok());
+    assert!(decode_message(&msg(t, 0, &[])).is_ok());
+    let mut names = vec![0u8; 512];
+    names[0] = b'a';
+    names[256] = b'b';
+    let b = msg(t, 2, &names);
+    let m = decode_message(&b).unwrap();
+    let got: Vec<BlockName> = m.collect_entries().unwrap();
+    assert_eq!(got, vec![BlockName::new("a").unwrap(), BlockName::new("b").unwrap()]);
+    assert_eq!(
+        decode_message(&msg(t, 1, &names)),
+        Err(DecodeError::PayloadSizeMismatch { kind: t, len: 512, repeat: 1, entry_size: 256 })
+    );
+    assert_eq!(decode_message(&msg(t, 0, &names)), Err(DecodeError::ZeroRepeat { kind: t, len: 512 }));
+    assert_eq!(
+        decode_message(&msg(t, 1, &[0; 100])),
+        Err(DecodeError::PayloadSizeMismatch { kind: t, len: 100, repeat: 1, entry_size: 256 })
+    );
+}
+
+#[test]
+fn ram_blocks_result_rules() {
+    let t = CommandType::RamBlocksResult;
+    // QEMU: repeat 1, n entries.
+    let b = msg(t, 1, &[0; 96]);
+    let m = decode_message(&b).unwrap();
+    assert_eq!(m.collect_entries::<DestBlock>().unwrap().len(), 3);
+    assert!(decode_message(&msg(t, 1, &[])).is_ok());
+    assert!(decode_message(&msg(t, 0, &[0; 32])).is_ok());
+    assert_eq!(
+        decode_message(&msg(t, 1, &[0; 33])),
+        Err(DecodeError::PayloadNotMultiple { kind: t, len: 33, entry_size: 32 })
+    );
+}
+
+#[test]
+fn fixed_entry_rules() {
+    for (t, size) in [
+        (CommandType::RegisterRequest, 24usize),
+        (CommandType::UnregisterRequest, 24),
+        (CommandType::Compress, 24),
+        (CommandType::RegisterResult, 16),
+    ] {
+        for r in [1u32, 2, 5] {
+            assert!(decode_message(&msg(t, r, &vec![0; r as usize * size])).is_ok(), "{t:?} {r}");
+        }
+        assert_eq!(decode_message(&msg(t, 0, &[])), Err(DecodeError::ZeroRepeat { kind: t, len: 0 }));
+        assert_eq!(
+            decode_message(&msg(t, 0, &vec![0; size])),
+            Err(DecodeError::ZeroRepeat { kind: t, len: size as u32 })
+        );
+        assert_eq!(
+            decode_message(&msg(t, 2, &vec![0; size])),
+            Err(DecodeError::PayloadSizeMismatch { kind: t, len: size as u32, repeat: 2, entry_size: size })
+        );
+        assert_eq!(
+            decode_message(&msg(t, 1, &vec![0; size + 1])),
+            Err(DecodeError::PayloadSizeMismatch {
+                kind: t,
+                len: size as u32 + 1,
+                repeat: 1,
+                entry_size: size
+            })
+        );
+        assert_eq!(
+            decode_message(&msg(t, 1, &[])),
+            Err(DecodeError::PayloadSizeMismatch { kind: t, len: 0, repeat: 1, entry_size: size })
+        );
+    }
+}
+
+#[test]
+fn compress_nonzero_value_rejected() {
+    let mut p = [0u8; 24];
+    p[3] = 0xff;
+    let b = msg(CommandType::Compress, 1, &p);
+    let m = decode_message(&b).unwrap();
+    let e = m.entries::<Compress>().next().unwrap();
+    assert_eq!(e, Err(DecodeError::CompressNonZeroValue { value: 255 }));
+    assert_eq!(Compress::decode(&p), Err(DecodeError::CompressNonZeroValue { value: 255 }));
+}
+
+#[test]
+fn entries_trailing_bytes() {
+    // A 48-byte payload read as 32-byte entries: one entry then the remainder.
+    let b = msg(CommandType::RegisterRequest, 2, &[0; 48]);
+    let m = decode_message(&b).unwrap();
+    let it = m.entries::<DestBlock>();
+    assert_eq!(it.len(), 2);
+    let v: Vec<_> = it.collect();
+    assert_eq!(v.len(), 2);
+    assert!(v[0].is_ok());
+    assert_eq!(v[1], Err(DecodeError::TrailingBytes { entry_size: 32, remaining: 16 }));
+    assert_eq!(
+        m.collect_entries::<DestBlock>(),
+        Err(DecodeError::TrailingBytes { entry_size: 32, remaining: 16 })
+    );
+}
+
+#[test]
+fn entry_decoders_reject_short_input() {
+    assert!(matches!(RegisterRequest::decode(&[0; 23]), Err(DecodeError::TooShort { needed: 24, got: 23, .. })));
+    assert!(matches!(RegisterResult::decode(&[0; 15]), Err(DecodeError::TooShort { needed: 16, got: 15, .. })));
+    assert!(matches!(DestBlock::decode(&[0; 31]), Err(DecodeError::TooShort { needed: 32, got: 31, .. })));
+    assert!(matches!(Compress::decode(&[]), Err(DecodeError::TooShort { needed: 24, got: 0, .. })));
+    assert!(matches!(BlockName::decode(&[b'a', 0]), Err(DecodeError::TooShort { needed: 256, got: 2, .. })));
+    assert!(matches!(Capabilities::decode(&[0; 7]), Err(DecodeError::TooShort { needed: 8, got: 7, .. })));
+}
+
+#[test]
+fn block_name_decode_errors() {
+    let mut b = [0u8; 256];
+    assert_eq!(BlockName::decode(&b), Err(DecodeError::EmptyBlockName));
+    b[1] = b'x'; // bytes after the first NUL do not count
+    assert_eq!(BlockName::decode(&b), Err(DecodeError::EmptyBlockName));
+    let full = [b'a'; 256];
+    assert_eq!(BlockName::decode(&full), Err(DecodeError::UnterminatedBlockName));
+    let mut bad = [0u8; 256];
+    bad[..3].copy_from_slice(&[b'o', b'k', 0xff]);
+    assert_eq!(BlockName::decode(&bad), Err(DecodeError::BlockNameNotUtf8 { valid_up_to: 2 }));
+    // 255 bytes + NUL is the longest name.
+    let mut max = [b'z'; 256];
+    max[255] = 0;
+    assert_eq!(BlockName::decode(&max).unwrap().0.len(), 255);
+}
+
+#[test]
+fn block_name_new_errors() {
+    assert_eq!(BlockName::new(""), Err(EncodeError::EmptyBlockName));
+    assert_eq!(BlockName::new(&"a".repeat(256)), Err(EncodeError::BlockNameTooLong { len: 256, max: 255 }));
+    assert_eq!(BlockName::new(&"a".repeat(1000)), Err(EncodeError::BlockNameTooLong { len: 1000, max: 255 }));
+    assert_eq!(BlockName::new("a\0b"), Err(EncodeError::BlockNameContainsNul { at: 1 }));
+    assert!(BlockName::new(&"a".repeat(255)).is_ok());
+    assert_eq!(BlockName::try_from("pc.ram").unwrap().as_str(), "pc.ram");
+}
+
+#[test]
+fn block_name_invalid_encode_does_not_panic() {
+    // Built directly through the public field: encode truncates at a char boundary.
+    let long = BlockName("é".repeat(200)); // 400 bytes
+    let mut out = [0xaau8; 256];
+    long.encode(&mut out);
+    assert_eq!(out[254..], [0, 0]); // 127 × 2 bytes = 254, then NUL padding
+    assert_eq!(BlockName::decode(&out).unwrap().0, "é".repeat(127));
+    BlockName(String::new()).encode(&mut out);
+    assert_eq!(out, [0; 256]);
+    // And the writer refuses it.
+    let mut buf = [0u8; 1024];
+    let mut w = MessageWriter::new(&mut buf, CommandType::RamBlocksRequest);
+    assert_eq!(w.push(&long), Err(EncodeError::BlockNameTooLong { len: 400, max: 255 }));
+    assert_eq!(w.push(&BlockName("a\0".into())), Err(EncodeError::BlockNameContainsNul { at: 1 }));
+    assert_eq!(w.entry_count(), 0);
+    assert_eq!(w.finish(), 16);
+}
+
+// ---- MessageWriter ----
+
+#[test]
+fn writer_default_repeat() {
+    let mut buf = vec![0xeeu8; CONTROL_BUFFER_SIZE];
+    for t in [CommandType::Ready, CommandType::Error, CommandType::RegisterFinished, CommandType::RamBlocksRequest] {
+        let n = MessageWriter::new(&mut buf, t).finish();
+        assert_eq!(n, 16);
+        assert_eq!(decode_header(&buf).unwrap(), ControlHeader { len: 0, kind: t, repeat: 1 });
+        assert_eq!(buf[12..16], [0; 4]);
+    }
+    let mut w = MessageWriter::new(&mut buf, CommandType::QemuFile);
+    w.push_bytes(b"hello").unwrap();
+    assert_eq!(w.finish(), 21);
+    assert_eq!(decode_header(&buf).unwrap().repeat, 0);
+
+    let mut w = MessageWriter::new(&mut buf, CommandType::RegisterRequest);
+    for i in 0..3 {
+        w.push(&RegisterRequest { key: i, block_index: 0, chunks: 0 }).unwrap();
+    }
+    assert_eq!(w.finish(), 16 + 72);
+    assert_eq!(decode_header(&buf).unwrap().repeat, 3);
+
+    let mut w = MessageWriter::new(&mut buf, CommandType::RamBlocksResult);
+    for _ in 0..3 {
+        w.push(&DestBlock::default()).unwrap();
+    }
+    assert_eq!(w.finish(), 16 + 96);
+    assert_eq!(decode_header(&buf).unwrap(), ControlHeader { len: 96, kind: CommandType::RamBlocksResult, repeat: 1 });
+
+    let n = MessageWriter::new(&mut buf, CommandType::UnregisterFinished).with_repeat(9).finish();
+    assert_eq!(decode_message(&buf[..n]).unwrap().repeat, 9);
+}
+
+#[test]
+fn writer_limits() {
+    assert_eq!(
+        MessageWriter::try_new(&mut [0u8; 15], CommandType::Ready).err(),
+        Some(EncodeError::BufferTooSmall { needed: 16, available: 15 })
+    );
+    // Exactly a header.
+    let mut small = [0u8; 16];
+    let mut w = MessageWriter::new(&mut small, CommandType::Ready);
+    assert_eq!(w.remaining(), 0);
+    assert_eq!(w.push_bytes(&[1]), Err(EncodeError::PayloadFull { needed: 1, available: 0 }));
+    assert_eq!(w.finish(), 16);
+
+    // Buffer full: 40 bytes of payload room holds one 24-byte entry.
+    let mut buf = [0u8; 56];
+    let mut w = MessageWriter::new(&mut buf, CommandType::RegisterRequest);
+    w.push(&RegisterRequest::default()).unwrap();
+    assert_eq!(w.push(&RegisterRequest::default()), Err(EncodeError::PayloadFull { needed: 24, available: 16 }));
+    assert_eq!(w.entry_count(), 1);
+    assert_eq!(w.payload_len(), 24);
+    assert_eq!(w.finish(), 40);
+
+    // Payload capped at MAX_PAYLOAD even with a bigger buffer.
+    let mut big = vec![0u8; CONTROL_BUFFER_SIZE + 100];
+    let mut w = MessageWriter::new(&mut big, CommandType::QemuFile);
+    assert_eq!(w.remaining(), MAX_PAYLOAD);
+    w.push_bytes(&vec![1; MAX_PAYLOAD]).unwrap();
+    assert_eq!(w.push_bytes(&[1]), Err(EncodeError::PayloadFull { needed: 1, available: 0 }));
+    assert_eq!(w.finish(), CONTROL_BUFFER_SIZE);
+
+    // 4096 entries, not 4097.
+    let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
+    let mut w = MessageWriter::new(&mut buf, CommandType::RegisterResult);
+    for _ in 0..4096 {
+        w.push(&RegisterResult::default()).unwrap();
+    }
+    assert_eq!(w.push(&RegisterResult::default()), Err(EncodeError::TooManyEntries { max: 4096 }));
+    let n = w.finish();
+    let m = decode_message(&buf[..n]).unwrap();
+    assert_eq!(m.repeat, 4096);
+
+    // RAM_BLOCKS_RESULT repeat is 1, so more than 4096 blocks fit.
+    let mut w = MessageWriter::new(&mut buf, CommandType::RamBlocksResult);
+    while w.push(&DestBlock::default()).is_ok() {}
+    assert_eq!(w.entry_count() as usize, MAX_PAYLOAD / 32);
+    let n = w.finish();
+    assert_eq!(decode_message(&buf[..n]).unwrap().entries::<DestBlock>().count(), 16383);
+
+    // COMPRESS value must be 0.
+    let mut w = MessageWriter::new(&mut buf, CommandType::Compress);
+    let c = Compress { value: 1, ..Default::default() };
+    assert_eq!(w.push(&c), Err(EncodeError::CompressNonZeroValue { value: 1 }));
+}
+
+#[test]
+fn error_messages_name_the_numbers() {
+    let s = DecodeError::LengthMismatch { len: 8, received: 20 }.to_string();
+    assert!(s.contains('8') && s.contains("20"), "{s}");
+    let s = DecodeError::TooManyRepeats { kind: CommandType::Compress, repeat: 5000, max: 4096 }.to_string();
+    assert!(s.contains("5000") && s.contains("4096") && s.contains("Compress"), "{s}");
+    let s = EncodeError::PayloadFull { needed: 24, available: 16 }.to_string();
+    assert!(s.contains("24") && s.contains("16"), "{s}");
+    let _: &dyn std::error::Error = &DecodeError::NoneType;
+    let _: &dyn std::error::Error = &EncodeError::EmptyBlockName;
+}
+
+// ---- property tests ----
+
+fn arb_type() -> impl Strategy<Value = CommandType> {
+    (0u32..12).prop_map(|v| CommandType::try_from(v).unwrap())
+}
+
+fn arb_block_name() -> impl Strategy<Value = BlockName> {
+    prop_oneof![
+        "[a-zA-Z0-9./@_-]{1,255}",
+        // Any non-control characters; 63 chars × ≤ 4 bytes ≤ 252 bytes.
+        "\\PC{1,63}",
+    ]
+    .prop_map(|s| BlockName::new(&s).unwrap())
+}
+
+fn arb_register_request() -> impl Strategy<Value = RegisterRequest> {
+    (any::<u64>(), any::<u32>(), any::<u64>()).prop_map(|(key, block_index, chunks)| RegisterRequest {
+        key,
+        block_index,
+        chunks,
+    })
+}
+
+fn arb_register_result() -> impl Strategy<Value = RegisterResult> {
+    (any::<u32>(), any::<u64>()).prop_map(|(rkey, host_addr)| RegisterResult { rkey, host_addr })
+}
+
+fn arb_dest_block() -> impl Strategy<Value = DestBlock> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(a, o, l, k)| DestBlock {
+        remote_host_addr: a,
+        offset: o,
+        length: l,
+        remote_rkey: k,
+    })
+}
+
+fn arb_compress() -> impl Strategy<Value = Compress> {
+    (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(block_index, offset, length)| Compress {
+        value: 0,
+        block_index,
+        offset,
+        length,
+    })
+}
+
+/// Encodes into a garbage-filled buffer, checks the size and zeroed padding, decodes.
+fn entry_round_trip<E: Entry + PartialEq + std::fmt::Debug>(e: &E, padding: &[std::ops::Range<usize>]) {
+    let mut out = vec![0xa5u8; E::SIZE + 3];
+    e.encode(&mut out);
+    assert_eq!(out[E::SIZE..], [0xa5; 3], "wrote past SIZE");
+    for r in padding {
+        assert!(out[r.clone()].iter().all(|&b| b == 0), "padding {r:?} not zero");
+    }
+    assert_eq!(&E::decode(&out[..E::SIZE]).unwrap(), e);
+    // Garbage in the padding is ignored.
+    for r in padding {
+        out[r.clone()].fill(0x5a);
+    }
+    assert_eq!(&E::decode(&out).unwrap(), e);
+}
+
+/// Writes entries with the writer, decodes the message and the entries.
+fn message_round_trip<E: Entry + PartialEq + std::fmt::Debug>(kind: CommandType, es: &[E]) {
+    let mut buf = vec![0xccu8; CONTROL_BUFFER_SIZE];
+    let mut w = MessageWriter::new(&mut buf, kind);
+    for e in es {
+        w.push(e).unwrap();
+    }
+    let n = w.finish();
+    assert_eq!(n, 16 + es.len() * E::SIZE);
+    let m = decode_message(&buf[..n]).unwrap();
+    assert_eq!(m.kind, kind);
+    let expected_repeat = if kind == CommandType::RamBlocksResult || es.is_empty() { 1 } else { es.len() as u32 };
+    assert_eq!(m.repeat, expected_repeat);
+    assert_eq!(&m.collect_entries::<E>().unwrap(), es);
+}
+
+proptest! {
+    #[test]
+    fn prop_capabilities_round_trip(version in any::<u32>(), flags in any::<u32>(), tail in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let c = Capabilities { version, flags };
+        let mut b = c.encode().to_vec();
+        prop_assert_eq!(Capabilities::decode(&b).unwrap(), c);
+        b.extend_from_slice(&tail);
+        prop_assert_eq!(Capabilities::decode(&b).unwrap(), c);
+    }
+
+    #[test]
+    fn prop_header_round_trip(len in any::<u32>(), kind in arb_type(), repeat in any::<u32>(), pad in any::<[u8; 4]>()) {
+        let h = ControlHeader { len, kind, repeat };
+        let mut out = [0xffu8; 16];
+        encode_header(&h, &mut out);
+        prop_assert_eq!(&out[12..16], &[0u8; 4][..]);
+        prop_assert_eq!(decode_header(&out).unwrap(), h);
+        out[12..16].copy_from_slice(&pad);
+        prop_assert_eq!(decode_header(&out).unwrap(), h);
+    }
+
+    #[test]
+    fn prop_entries_round_trip(
+        rr in arb_register_request(),
+        rs in arb_register_result(),
+        db in arb_dest_block(),
+        c in arb_compress(),
+        n in arb_block_name(),
+    ) {
+        entry_round_trip(&rr, &[12..16]);
+        entry_round_trip(&rs, &[4..8]);
+        entry_round_trip(&db, &[28..32]);
+        entry_round_trip(&c, &[]);
+        // The NUL terminator is not padding; everything after it is.
+        entry_round_trip(&n, &[n.0.len() + 1..256]);
+        let mut out = [0xffu8; 256];
+        n.encode(&mut out);
+        prop_assert_eq!(&out[..n.0.len()], n.0.as_bytes());
+        prop_assert!(out[n.0.len()..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn prop_messages_round_trip(
+        rr in proptest::collection::vec(arb_register_request(), 1..64),
+        rs in proptest::collection::vec(arb_register_result(), 1..64),
+        db in proptest::collection::vec(arb_dest_block(), 0..64),
+        c in proptest::collection::vec(arb_compress(), 1..64),
+        names in proptest::collection::vec(arb_block_name(), 0..16),
+        data in proptest::collection::vec(any::<u8>(), 0..4096),
+    ) {
+        message_round_trip(CommandType::RegisterRequest, &rr);
+        message_round_trip(CommandType::UnregisterRequest, &rr);
+        message_round_trip(CommandType::RegisterResult, &rs);
+        message_round_trip(CommandType::RamBlocksResult, &db);
+        message_round_trip(CommandType::Compress, &c);
+        message_round_trip(CommandType::RamBlocksRequest, &names);
+
+        let mut buf = vec![0u8; 16 + data.len()];
+        let mut w = MessageWriter::new(&mut buf, CommandType::QemuFile);
+        w.push_bytes(&data).unwrap();
+        let n = w.finish();
+        let m = decode_message(&buf[..n]).unwrap();
+        prop_assert_eq!((m.kind, m.repeat, m.payload), (CommandType::QemuFile, 0, &data[..]));
+    }
+
+    #[test]
+    fn prop_decode_arbitrary_bytes_never_panics(b in proptest::collection::vec(any::<u8>(), 0..1100)) {
+        check_any(&b);
+    }
+
+    /// Mostly-valid headers over random payloads, to reach the per-type rules.
+    #[test]
+    fn prop_decode_structured_never_panics(
+        kind in 0u32..14,
+        repeat in prop_oneof![Just(0u32), Just(1), Just(2), Just(4096), Just(4097), any::<u32>()],
+        payload in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..600),
+            (1usize..5, 0usize..5).prop_map(|(n, k)| vec![k as u8; n * [16, 24, 32, 256, 8][k]]),
+        ],
+        len_delta in prop_oneof![4 => Just(0i64), 1 => -2i64..3],
+    ) {
+        let len = (payload.len() as i64 + len_delta).max(0) as u32;
+        let b = raw(len, kind, repeat, &payload);
+        check_any(&b);
+        let r = decode_message(&b);
+        if len_delta != 0 {
+            prop_assert!(r.is_err());
+        }
+    }
+}
+
+/// Every decoder on `b` must return, and accepted messages must meet the documented rules.
+fn check_any(b: &[u8]) {
+    let _ = Capabilities::decode(b);
+    let _ = RegisterRequest::decode(b);
+    let _ = RegisterResult::decode(b);
+    let _ = DestBlock::decode(b);
+    let _ = Compress::decode(b);
+    let _ = BlockName::decode(b);
+    if let Ok(h) = decode_header(b) {
+        // Re-encoding reproduces the first 12 bytes; padding becomes zero.
+        let mut out = [0u8; 16];
+        encode_header(&h, &mut out);
+        assert_eq!(out[..12], b[..12]);
+    }
+    if let Ok(m) = decode_message(b) {
+        assert_eq!(m.payload.len() + 16, b.len());
+        assert!(m.payload.len() <= MAX_PAYLOAD);
+        assert_ne!(m.kind, CommandType::None);
+        if m.kind != CommandType::QemuFile {
+            assert!(m.repeat <= MAX_REPEAT);
+        }
+        let n_rr = m.entries::<RegisterRequest>().count();
+        let n_rs = m.entries::<RegisterResult>().count();
+        let n_db = m.entries::<DestBlock>().count();
+        let _ = m.entries::<Compress>().count();
+        let n_bn = m.entries::<BlockName>().count();
+        match m.kind {
+            CommandType::RegisterRequest | CommandType::UnregisterRequest | CommandType::Compress => {
+                assert_eq!(n_rr, m.repeat as usize)
+            }
+            CommandType::RegisterResult => assert_eq!(n_rs, m.repeat as usize),
+            CommandType::RamBlocksResult => assert_eq!(n_db * 32, m.payload.len()),
+            CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(n_bn, m.repeat as usize),
+            _ => {}
+        }
+    }
+}
