@@ -1,0 +1,71 @@
+//! What an exported function returns when it cannot run its body: after a
+//! caught panic, a NULL argument, or an argument that is not valid.
+
+// A toolbox for the boundary functions: not every helper is used at every moment.
+#![allow(dead_code)]
+
+use super::status::rdmamig_status;
+
+/// The value returned after a caught panic.
+pub(crate) trait PanicOrDefault {
+    fn value() -> Self;
+}
+
+/// The value returned when a required pointer is NULL.
+pub(crate) trait NullParameterOrDefault {
+    fn value() -> Self;
+}
+
+/// The value returned when an argument is present but not valid.
+pub(crate) trait InvalidArgumentOrDefault {
+    fn value() -> Self;
+}
+
+impl PanicOrDefault for rdmamig_status {
+    fn value() -> Self {
+        rdmamig_status::RDMAMIG_ERR_PANIC
+    }
+}
+
+impl NullParameterOrDefault for rdmamig_status {
+    fn value() -> Self {
+        rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER
+    }
+}
+
+impl InvalidArgumentOrDefault for rdmamig_status {
+    fn value() -> Self {
+        rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT
+    }
+}
+
+/// Functions that return nothing, a pointer, a count or a flag give the type's
+/// "nothing" (NULL, 0, false) on every failure; they must document that.
+macro_rules! defaults {
+    ($($t:ty => $v:expr),* $(,)?) => {$(
+        impl PanicOrDefault for $t { fn value() -> Self { $v } }
+        impl NullParameterOrDefault for $t { fn value() -> Self { $v } }
+        impl InvalidArgumentOrDefault for $t { fn value() -> Self { $v } }
+    )*};
+}
+
+defaults! {
+    () => (),
+    bool => false,
+    u8 => 0,
+    u16 => 0,
+    u32 => 0,
+    u64 => 0,
+    usize => 0,
+    i32 => 0,
+    i64 => 0,
+}
+
+macro_rules! pointer_defaults {
+    ($($tr:ident),*) => {$(
+        impl<T> $tr for *mut T { fn value() -> Self { std::ptr::null_mut() } }
+        impl<T> $tr for *const T { fn value() -> Self { std::ptr::null() } }
+    )*};
+}
+
+pointer_defaults!(PanicOrDefault, NullParameterOrDefault, InvalidArgumentOrDefault);

@@ -1,0 +1,130 @@
+//! `rdmamig_config`: connection settings (the smallest complete handle; copy
+//! its shape when adding a handle).
+
+use super::handle::{free_box, to_boxed_mut_ptr, Castable};
+use super::status::rdmamig_status;
+use crate::engine::Config;
+use std::time::Duration;
+
+/// Settings for one side of a migration connection.
+///
+/// Create with `rdmamig_config_new`, change with the `rdmamig_config_set_*`
+/// functions, free with `rdmamig_config_free`. Functions that take a
+/// `const rdmamig_config *` copy what they need, so the config may be changed or
+/// freed afterwards.
+///
+/// Thread safety: not synchronised. Any number of threads may use one config
+/// through `const` pointers at the same time, but nothing may run concurrently
+/// with a setter or `rdmamig_config_free` on the same config.
+pub struct rdmamig_config {
+    _private: [u8; 0],
+}
+
+impl Castable for rdmamig_config {
+    type RustType = Config;
+}
+
+/// A new config with the defaults: pin_all off, extensions on, protocol
+/// version 1, timeout 30000 ms.
+///
+/// Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_new() -> *mut rdmamig_config {
+    ffi_boundary! {
+        to_boxed_mut_ptr::<rdmamig_config>(Config::default())
+    }
+}
+
+/// Frees a config. NULL is a no-op. Must not be called twice on the same config.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_free(config: *mut rdmamig_config) {
+    ffi_boundary! {
+        free_box(config)
+    }
+}
+
+/// Source: ask the destination to register whole RAM blocks up front (QEMU's
+/// `x-rdma-pin-all`). Destination: allow the source to ask for it. Default off.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_pin_all(config: *mut rdmamig_config, pin_all: bool) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.pin_all = pin_all;
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
+/// Offer (source) or accept (destination) rdmamig's own protocol extensions.
+/// Off means behaving exactly as QEMU does on the wire. Default on.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_extensions(config: *mut rdmamig_config, extensions: bool) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.extensions = extensions;
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
+/// The protocol version sent in the connection private data. Default 1 (the
+/// only version QEMU speaks); only tests change it.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_protocol_version(
+    config: *mut rdmamig_config,
+    protocol_version: u32,
+) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.protocol_version = protocol_version;
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
+/// Upper bound, in milliseconds, for every blocking wait (connect, accept,
+/// completion, peer message). Default 30000. 0 gives
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` and leaves the config unchanged.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_timeout_ms(config: *mut rdmamig_config, timeout_ms: u32) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        if timeout_ms == 0 {
+            return rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT;
+        }
+        config.timeout = Duration::from_millis(u64::from(timeout_ms));
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::handle::try_from_ptr;
+    use rdmamig_status::*;
+
+    #[test]
+    fn new_set_free() {
+        let c = rdmamig_config_new();
+        assert!(!c.is_null());
+        assert_eq!(try_from_ptr(c as *const rdmamig_config), Some(&Config::default()));
+        assert_eq!(rdmamig_config_set_pin_all(c, true), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_extensions(c, false), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_protocol_version(c, 7), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_timeout_ms(c, 1500), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+        let got = try_from_ptr(c as *const rdmamig_config).unwrap();
+        assert_eq!(
+            *got,
+            Config { pin_all: true, extensions: false, protocol_version: 7, timeout: Duration::from_millis(1500) }
+        );
+        rdmamig_config_free(c);
+    }
+
+    #[test]
+    fn null_config() {
+        let n = std::ptr::null_mut();
+        assert_eq!(rdmamig_config_set_pin_all(n, true), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_extensions(n, true), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_protocol_version(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_timeout_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        rdmamig_config_free(n);
+    }
+}

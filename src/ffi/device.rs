@@ -1,0 +1,50 @@
+//! Device probe.
+
+use super::buffer::copy_to_c_buf;
+use super::status::rdmamig_status;
+use std::os::raw::c_char;
+
+/// The longest RDMA device name, in bytes, not counting the NUL
+/// (`IBV_SYSFS_NAME_MAX - 1`). A `name_out` buffer of
+/// `RDMAMIG_DEVICE_NAME_MAX + 1` bytes always suffices.
+pub const RDMAMIG_DEVICE_NAME_MAX: usize = 63;
+
+/// Checks that an RDMA device can be opened, and says which.
+///
+/// `name` selects a device by name (e.g. "rxe0", "mlx5_0"); NULL means the
+/// first device found. On `RDMAMIG_OK` the device's name is copied,
+/// NUL-terminated, into `name_out` (of `name_out_len` bytes). `name_out` may be
+/// NULL when `name_out_len` is 0, to only check for a device.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NO_DEVICE` when the host has no RDMA
+/// device (or none called `name`); `RDMAMIG_ERR_VERBS` when the device exists
+/// but cannot be opened; `RDMAMIG_ERR_INVALID_ARGUMENT` when `name` is not
+/// UTF-8; `RDMAMIG_ERR_NULL_PARAMETER` when `name_out` is NULL but
+/// `name_out_len` is not 0; `RDMAMIG_ERR_BUFFER_TOO_SMALL` when the name does
+/// not fit (the buffer then holds as much of it as fits, NUL-terminated).
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn rdmamig_device_probe(
+    name: *const c_char,
+    name_out: *mut c_char,
+    name_out_len: usize,
+) -> rdmamig_status {
+    ffi_boundary! {
+        let name = try_opt_cstr!(name);
+        if name_out.is_null() && name_out_len != 0 {
+            return rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER;
+        }
+        match crate::engine::device::probe_device(name) {
+            Ok(found) => {
+                let needed = copy_to_c_buf(&found, name_out, name_out_len);
+                if name_out_len != 0 && needed >= name_out_len {
+                    rdmamig_status::RDMAMIG_ERR_BUFFER_TOO_SMALL
+                } else {
+                    rdmamig_status::RDMAMIG_OK
+                }
+            }
+            Err(e) => e.into(),
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! `rdmamig_status`: the result of every fallible C function.
+
+use crate::{Error, ErrorKind};
+use std::ffi::CStr;
+
+/// The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success; every
+/// other value is an error.
+///
+/// The values are part of the ABI: each is fixed forever, and a value that is
+/// retired is never reused for another meaning. New values are only ever added
+/// at the end. Callers must be prepared for values they do not know yet
+/// (`rdmamig_status_str` returns "unknown status" for them).
+///
+/// In C the type is a `uint32_t` (C23 and C++ see an enum with that underlying
+/// type).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum rdmamig_status {
+    /// Success.
+    RDMAMIG_OK = 0,
+    /// A required pointer argument was NULL.
+    RDMAMIG_ERR_NULL_PARAMETER = 1,
+    /// rdmamig panicked (an internal bug); the panic was stopped at the API
+    /// boundary. The handle involved should only be freed afterwards.
+    RDMAMIG_ERR_PANIC = 2,
+    /// An argument was present but not valid (bad length, not UTF-8, out of range, ...).
+    RDMAMIG_ERR_INVALID_ARGUMENT = 3,
+    /// No RDMA device is present or usable on this host.
+    RDMAMIG_ERR_NO_DEVICE = 4,
+    /// A verbs or rdma_cm call failed.
+    RDMAMIG_ERR_VERBS = 5,
+    /// Address/route resolution or connection establishment failed.
+    RDMAMIG_ERR_CONNECT = 6,
+    /// The peer speaks another protocol version.
+    RDMAMIG_ERR_VERSION = 7,
+    /// The peer sent a malformed or unexpected message.
+    RDMAMIG_ERR_PROTOCOL = 8,
+    /// The peer reported an error.
+    RDMAMIG_ERR_PEER = 9,
+    /// The peer disconnected or the device went away.
+    RDMAMIG_ERR_DISCONNECTED = 10,
+    /// A wait ran past its deadline.
+    RDMAMIG_ERR_TIMEOUT = 11,
+    /// The RAM block lists of the two sides do not match.
+    RDMAMIG_ERR_BLOCK_MISMATCH = 12,
+    /// The connection was aborted by an earlier error; that error's message is kept.
+    RDMAMIG_ERR_ABORTED = 13,
+    /// The call is not valid in the object's current state.
+    RDMAMIG_ERR_STATE = 14,
+    /// A caller-supplied output buffer is too small; the call says how much is needed.
+    RDMAMIG_ERR_BUFFER_TOO_SMALL = 15,
+}
+
+impl rdmamig_status {
+    /// Every value, in numeric order. Keep in step with the enum (a unit test
+    /// compares it with the header).
+    pub(crate) const ALL: [rdmamig_status; 16] = {
+        use rdmamig_status::*;
+        [
+            RDMAMIG_OK,
+            RDMAMIG_ERR_NULL_PARAMETER,
+            RDMAMIG_ERR_PANIC,
+            RDMAMIG_ERR_INVALID_ARGUMENT,
+            RDMAMIG_ERR_NO_DEVICE,
+            RDMAMIG_ERR_VERBS,
+            RDMAMIG_ERR_CONNECT,
+            RDMAMIG_ERR_VERSION,
+            RDMAMIG_ERR_PROTOCOL,
+            RDMAMIG_ERR_PEER,
+            RDMAMIG_ERR_DISCONNECTED,
+            RDMAMIG_ERR_TIMEOUT,
+            RDMAMIG_ERR_BLOCK_MISMATCH,
+            RDMAMIG_ERR_ABORTED,
+            RDMAMIG_ERR_STATE,
+            RDMAMIG_ERR_BUFFER_TOO_SMALL,
+        ]
+    };
+
+    /// The status with this numeric value, if there is one. Values coming from
+    /// C must go through this (an out-of-range enum value is UB in Rust), so C
+    /// functions taking a status take a `u32`.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.iter().copied().find(|s| *s as u32 == v)
+    }
+
+    /// A short, static, lower-case description (what `rdmamig_status_str` returns).
+    pub fn description(self) -> &'static CStr {
+        use rdmamig_status::*;
+        match self {
+            RDMAMIG_OK => c"success",
+            RDMAMIG_ERR_NULL_PARAMETER => c"a required pointer argument was NULL",
+            RDMAMIG_ERR_PANIC => c"internal error: rdmamig panicked (caught at the API boundary)",
+            RDMAMIG_ERR_INVALID_ARGUMENT => c"invalid argument",
+            RDMAMIG_ERR_NO_DEVICE => c"no RDMA device present or usable",
+            RDMAMIG_ERR_VERBS => c"verbs or rdma_cm call failed",
+            RDMAMIG_ERR_CONNECT => c"connection establishment failed",
+            RDMAMIG_ERR_VERSION => c"peer speaks another protocol version",
+            RDMAMIG_ERR_PROTOCOL => c"peer sent a malformed or unexpected message",
+            RDMAMIG_ERR_PEER => c"peer reported an error",
+            RDMAMIG_ERR_DISCONNECTED => c"peer disconnected or device went away",
+            RDMAMIG_ERR_TIMEOUT => c"timed out",
+            RDMAMIG_ERR_BLOCK_MISMATCH => c"RAM block lists of the two sides do not match",
+            RDMAMIG_ERR_ABORTED => c"connection aborted by an earlier error",
+            RDMAMIG_ERR_STATE => c"operation not valid in the current state",
+            RDMAMIG_ERR_BUFFER_TOO_SMALL => c"output buffer too small",
+        }
+    }
+}
+
+impl From<ErrorKind> for rdmamig_status {
+    fn from(kind: ErrorKind) -> Self {
+        use rdmamig_status::*;
+        match kind {
+            ErrorKind::InvalidArgument => RDMAMIG_ERR_INVALID_ARGUMENT,
+            ErrorKind::NoDevice => RDMAMIG_ERR_NO_DEVICE,
+            ErrorKind::Verbs => RDMAMIG_ERR_VERBS,
+            ErrorKind::Connect => RDMAMIG_ERR_CONNECT,
+            ErrorKind::Version => RDMAMIG_ERR_VERSION,
+            ErrorKind::Protocol => RDMAMIG_ERR_PROTOCOL,
+            ErrorKind::PeerError => RDMAMIG_ERR_PEER,
+            ErrorKind::Disconnected => RDMAMIG_ERR_DISCONNECTED,
+            ErrorKind::Timeout => RDMAMIG_ERR_TIMEOUT,
+            ErrorKind::BlockMismatch => RDMAMIG_ERR_BLOCK_MISMATCH,
+            ErrorKind::Aborted => RDMAMIG_ERR_ABORTED,
+            ErrorKind::State => RDMAMIG_ERR_STATE,
+        }
+    }
+}
+
+impl From<&Error> for rdmamig_status {
+    fn from(e: &Error) -> Self {
+        e.kind.into()
+    }
+}
+
+impl From<Error> for rdmamig_status {
+    fn from(e: Error) -> Self {
+        e.kind.into()
+    }
+}
+
+impl From<crate::Result<()>> for rdmamig_status {
+    fn from(r: crate::Result<()>) -> Self {
+        status_of(&r)
+    }
+}
+
+/// `RDMAMIG_OK` for `Ok`, the kind's status for `Err`.
+pub(crate) fn status_of<T>(r: &crate::Result<T>) -> rdmamig_status {
+    match r {
+        Ok(_) => rdmamig_status::RDMAMIG_OK,
+        Err(e) => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_dense_ordered_and_round_trip() {
+        for (i, s) in rdmamig_status::ALL.iter().enumerate() {
+            assert_eq!(*s as u32, i as u32, "{s:?}");
+            assert_eq!(rdmamig_status::from_u32(i as u32), Some(*s));
+        }
+        assert_eq!(rdmamig_status::from_u32(rdmamig_status::ALL.len() as u32), None);
+        assert_eq!(rdmamig_status::from_u32(u32::MAX), None);
+    }
+
+    #[test]
+    fn descriptions_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for s in rdmamig_status::ALL {
+            assert!(seen.insert(s.description()), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn every_error_kind_maps_to_an_error() {
+        use ErrorKind::*;
+        let kinds = [
+            InvalidArgument, NoDevice, Verbs, Connect, Version, Protocol, PeerError,
+            Disconnected, Timeout, BlockMismatch, Aborted, State,
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for k in kinds {
+            let s = rdmamig_status::from(k);
+            assert_ne!(s, rdmamig_status::RDMAMIG_OK);
+            assert!(seen.insert(s), "{k:?} shares a status");
+        }
+        let ok: crate::Result<()> = Ok(());
+        assert_eq!(rdmamig_status::from(ok), rdmamig_status::RDMAMIG_OK);
+        let err: crate::Result<()> = Err(Error::new(Timeout, "x"));
+        assert_eq!(rdmamig_status::from(err), rdmamig_status::RDMAMIG_ERR_TIMEOUT);
+    }
+}
