@@ -174,7 +174,7 @@ fn compress_golden() {
 #[test]
 fn block_name_golden() {
     let mut golden = [0u8; 256];
-    golden[..6].copy_from_slice(&[b'p', b'c', b'.', b'r', b'a', b'm']);
+    golden[..6].copy_from_slice(&[0x70, 0x63, 0x2e, 0x72, 0x61, 0x6d]); // "pc.ram"
     let e = BlockName::new("pc.ram").unwrap();
     assert_eq!(enc(&e), golden);
     assert_eq!(BlockName::decode(&golden), Ok(e.clone()));
