@@ -33,3 +33,46 @@ pub(crate) mod status;
 pub mod config;
 // pub mod device; // TODO: waits for crate::verbs::Context
 pub mod version;
+
+/// The checked-in header agrees with the crate (scripts/check-header.sh also
+/// checks it is exactly cbindgen's output).
+#[cfg(test)]
+mod header_tests {
+    use super::status::rdmamig_status;
+
+    fn header() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/rdmamig.h");
+        std::fs::read_to_string(path).expect("include/rdmamig.h")
+    }
+
+    fn define(header: &str, name: &str) -> String {
+        let prefix = format!("#define {name} ");
+        let line = header.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} missing"));
+        line[prefix.len()..].trim().to_string()
+    }
+
+    #[test]
+    fn version_macros_match_cargo_toml() {
+        let h = header();
+        assert_eq!(define(&h, "RDMAMIG_VERSION_MAJOR"), env!("CARGO_PKG_VERSION_MAJOR"));
+        assert_eq!(define(&h, "RDMAMIG_VERSION_MINOR"), env!("CARGO_PKG_VERSION_MINOR"));
+        assert_eq!(define(&h, "RDMAMIG_VERSION_PATCH"), env!("CARGO_PKG_VERSION_PATCH"));
+    }
+
+    #[test]
+    fn status_values_match_header() {
+        let h = header();
+        let in_header: Vec<(String, u32)> = h
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("RDMAMIG_OK") || l.starts_with("RDMAMIG_ERR_"))
+            .map(|l| {
+                let (name, value) = l.trim_end_matches(',').split_once(" = ").expect("NAME = value");
+                (name.to_string(), value.parse().expect("number"))
+            })
+            .collect();
+        let in_rust: Vec<(String, u32)> =
+            rdmamig_status::ALL.iter().map(|s| (format!("{s:?}"), *s as u32)).collect();
+        assert_eq!(in_header, in_rust);
+    }
+}

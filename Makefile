@@ -1,0 +1,132 @@
+# Thin make layer over cargo: the versioned shared library, install, C tests.
+#
+#   make                 release build + target/lib/librdmamig.so.$(VERSION)
+#   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib
+#   make c-tests         build c-tests/*.c into target/c-tests/
+#   make check           run the host C tests (c-tests/test_*.c)
+#   make header          regenerate include/rdmamig.h (cbindgen 0.29.4)
+#   make symbols         regenerate the golden list abi/symbols.txt
+#   make check-abi       scripts/check-abi.sh on the built library
+#
+# The shared library is linked here from the staticlib, with the version script
+# abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
+# anonymous version script, which GNU ld refuses to combine with a named one
+# (librsvg builds its .so the same way). target/release/librdmamig.so, cargo's
+# cdylib, has neither SONAME nor symbol versions: do not ship it.
+
+PREFIX      ?= /usr/local
+EXEC_PREFIX ?= $(PREFIX)
+LIBDIR      ?= $(EXEC_PREFIX)/lib
+INCLUDEDIR  ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+DESTDIR     ?=
+
+CARGO    ?= cargo
+CBINDGEN ?= cbindgen
+CC       ?= cc
+INSTALL  ?= install
+
+VERSION := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)
+MAJOR   := $(word 1,$(subst ., ,$(VERSION)))
+SONAME  := librdmamig.so.$(MAJOR)
+REALNAME := librdmamig.so.$(VERSION)
+
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+STATICLIB  := $(TARGET_DIR)/release/librdmamig.a
+LIBOUT     := $(TARGET_DIR)/lib
+SHLIB      := $(LIBOUT)/$(REALNAME)
+CTEST_DIR  := $(TARGET_DIR)/c-tests
+
+# What the staticlib needs (`cargo rustc -- --print native-static-libs`).
+NATIVE_LIBS := -libverbs -lrdmacm -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+
+SHLIB_LDFLAGS := -shared -Wl,-soname,$(SONAME) \
+	-Wl,--version-script,abi/rdmamig.map \
+	-Wl,--gc-sections -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack -Wl,--no-undefined
+
+CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic \
+	-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+	-Iinclude
+CTEST_LDFLAGS := -fsanitize=address,undefined -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib'
+CTEST_SRCS := $(wildcard c-tests/*.c)
+CTEST_BINS := $(patsubst c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
+HOST_TESTS := $(filter $(CTEST_DIR)/test_%,$(CTEST_BINS))
+
+.PHONY: all cargo-build install uninstall c-tests header-compile check header symbols check-abi clean FORCE
+
+all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
+
+cargo-build:
+	$(CARGO) build --release --lib
+
+$(STATICLIB): cargo-build ;
+
+$(SHLIB): $(STATICLIB) abi/rdmamig.map Makefile
+	@mkdir -p $(LIBOUT)
+	$(CC) $(SHLIB_LDFLAGS) -o $@.tmp \
+		-Wl,--whole-archive $(STATICLIB) -Wl,--no-whole-archive $(NATIVE_LIBS)
+	mv -f $@.tmp $@
+
+$(LIBOUT)/$(SONAME): $(SHLIB)
+	ln -sf $(REALNAME) $@
+
+$(LIBOUT)/librdmamig.so: $(LIBOUT)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+$(TARGET_DIR)/rdmamig.pc: pkgconfig/rdmamig.pc.in Cargo.toml Makefile FORCE
+	@mkdir -p $(TARGET_DIR)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@EXEC_PREFIX@|$(EXEC_PREFIX)|g' \
+	    -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+	    -e 's|@VERSION@|$(VERSION)|g' $< > $(TARGET_DIR)/rdmamig.pc
+
+install: all $(TARGET_DIR)/rdmamig.pc
+	$(INSTALL) -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	$(INSTALL) -m 0755 $(SHLIB) $(DESTDIR)$(LIBDIR)/$(REALNAME)
+	ln -sf $(REALNAME) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/librdmamig.so
+	$(INSTALL) -m 0644 $(STATICLIB) $(DESTDIR)$(LIBDIR)/librdmamig.a
+	$(INSTALL) -m 0644 include/rdmamig.h $(DESTDIR)$(INCLUDEDIR)/rdmamig.h
+	$(INSTALL) -m 0644 $(TARGET_DIR)/rdmamig.pc $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/$(REALNAME) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	      $(DESTDIR)$(LIBDIR)/librdmamig.so $(DESTDIR)$(LIBDIR)/librdmamig.a \
+	      $(DESTDIR)$(INCLUDEDIR)/rdmamig.h $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
+
+# C tests: test_*.c run on any host (`make check`); rdma_test_*.c need an RDMA
+# device and are run by scripts/rdma-suite.sh in the rxe guest.
+c-tests: all $(CTEST_BINS) header-compile
+
+$(CTEST_DIR)/%: c-tests/%.c include/rdmamig.h $(SHLIB) Makefile
+	@mkdir -p $(CTEST_DIR)
+	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
+	@nm $@ | grep -q __asan_init || { echo "error: $@ is not linked with ASan" >&2; exit 1; }
+
+# The header must compile on its own as C99, C11 and C++ (cpp_compat).
+header-compile: include/rdmamig.h
+	@mkdir -p $(CTEST_DIR)
+	printf '#include "rdmamig.h"\nint main(void) { return rdmamig_version() == 0; }\n' > $(CTEST_DIR)/header_only.c
+	$(CC) -std=c99 -Wall -Wextra -Werror -Wpedantic -Iinclude -fsyntax-only $(CTEST_DIR)/header_only.c
+	$(CC) -std=c11 -Wall -Wextra -Werror -Wpedantic -Wundef -Iinclude -fsyntax-only $(CTEST_DIR)/header_only.c
+	@if command -v $(CXX) >/dev/null 2>&1; then \
+		echo "$(CXX) -x c++ -std=c++11 -fsyntax-only"; \
+		$(CXX) -x c++ -std=c++11 -Wall -Wextra -Werror -Wpedantic -Iinclude -fsyntax-only $(CTEST_DIR)/header_only.c; \
+	else echo "note: no C++ compiler ($(CXX)); header not checked as C++"; fi
+
+check: c-tests
+	@set -e; for t in $(HOST_TESTS); do echo "== $$t"; $$t; done
+
+header:
+	$(CBINDGEN) --config cbindgen.toml --output include/rdmamig.h src/ffi/mod.rs
+
+symbols: all
+	bash scripts/check-abi.sh --list $(SHLIB) > abi/symbols.txt
+	@echo "abi/symbols.txt: $$(wc -l < abi/symbols.txt) symbols"
+
+check-abi: all
+	bash scripts/check-abi.sh $(SHLIB)
+
+clean:
+	rm -rf $(LIBOUT) $(CTEST_DIR) $(TARGET_DIR)/rdmamig.pc
+
+FORCE:

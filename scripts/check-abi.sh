@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# ABI checks on the shared library built by `make`:
+#   1. its defined dynamic symbols are exactly abi/symbols.txt (all rdmamig_*);
+#   2. abi/symbols.txt is exactly the functions declared in include/rdmamig.h;
+#   3. SONAME is librdmamig.so.<MAJOR>;
+#   4. every exported symbol carries a version node of abi/rdmamig.map
+#      (today: RDMAMIG_0.1), none is unversioned.
+#
+# Usage: scripts/check-abi.sh [LIB]         (default: target/lib/librdmamig.so.<version>)
+#        scripts/check-abi.sh --list [LIB]  print the exported symbols (make symbols)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+list=0
+if [[ "${1:-}" == "--list" ]]; then list=1; shift; fi
+version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)
+major=${version%%.*}
+lib=${1:-${CARGO_TARGET_DIR:-target}/lib/librdmamig.so.$version}
+[[ -f "$lib" ]] || { echo "check-abi: $lib not found (run make)" >&2; exit 1; }
+
+# Defined dynamic symbols, without @@VERSION, minus the version nodes themselves
+# (absolute symbols named like RDMAMIG_0.1).
+exported() {
+    nm -D --defined-only "$lib" | awk '$2 != "A" { sub(/@.*/, "", $3); print $3 }' | LC_ALL=C sort -u
+}
+
+if (( list )); then
+    exported
+    exit 0
+fi
+
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# 1. exported == golden
+exported > "$tmp/exported"
+LC_ALL=C sort -u abi/symbols.txt > "$tmp/golden"
+if ! diff -u --label abi/symbols.txt --label "$lib" "$tmp/golden" "$tmp/exported"; then
+    echo "check-abi: FAIL: exported symbols differ from abi/symbols.txt" >&2
+    echo "           (a deliberate ABI change? run 'make symbols' and commit abi/symbols.txt)" >&2
+    fail=1
+fi
+if grep -v '^rdmamig_' "$tmp/golden"; then
+    echo "check-abi: FAIL: abi/symbols.txt lists symbols outside the rdmamig_ prefix (above)" >&2
+    fail=1
+fi
+
+# 2. golden == functions declared in the header (declarations start in column 0).
+grep -E '^[A-Za-z].*\brdmamig_[a-z0-9_]+\(' include/rdmamig.h \
+    | grep -oE '\brdmamig_[a-z0-9_]+\(' | tr -d '(' | LC_ALL=C sort -u > "$tmp/header"
+if ! diff -u --label abi/symbols.txt --label include/rdmamig.h "$tmp/golden" "$tmp/header"; then
+    echo "check-abi: FAIL: abi/symbols.txt and the functions of include/rdmamig.h differ" >&2
+    fail=1
+fi
+
+# 3. SONAME
+soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+if [[ "$soname" != "librdmamig.so.$major" ]]; then
+    echo "check-abi: FAIL: SONAME is '$soname', expected librdmamig.so.$major" >&2
+    fail=1
+fi
+
+# 4. symbol versions: objdump -T prints "<addr> <flags> <section> <size> <version> <name>".
+nodes=$(grep -oE '^[[:space:]]*RDMAMIG_[0-9.]+' abi/rdmamig.map | tr -d '[:space:]' | sort -u | tr '\n' ' ')
+objdump -T "$lib" | awk '$4 !~ /\*UND\*/ && $NF ~ /^rdmamig_/ { print $(NF-1), $NF }' > "$tmp/versions"
+bad=0
+while read -r ver name; do
+    case " $nodes " in
+        *" $ver "*) ;;
+        *) echo "check-abi: FAIL: $name has version '$ver', not one of: $nodes" >&2; bad=1 ;;
+    esac
+done < "$tmp/versions"
+if [[ $(wc -l < "$tmp/versions") -ne $(wc -l < "$tmp/exported") ]]; then
+    echo "check-abi: FAIL: objdump -T and nm -D disagree on the exported symbols" >&2
+    bad=1
+fi
+(( bad )) && fail=1
+
+n=$(wc -l < "$tmp/exported")
+if (( fail )); then
+    echo "check-abi: FAIL ($lib)" >&2
+    exit 1
+fi
+echo "check-abi: OK: $n symbols = abi/symbols.txt = include/rdmamig.h, SONAME $soname, versions: $nodes"
