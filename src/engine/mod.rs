@@ -1,5 +1,67 @@
 //! Source and destination state machines, control channel, RAM chunks.
+//!
+//! Threads: each connection has one library thread that owns its verbs
+//! objects: the source's transfer thread (fed by a lock-free queue) and the
+//! destination's service thread. Hypervisor threads only queue work and wait.
 
 pub mod config;
+pub mod device;
+mod destination;
+mod link;
+pub mod ram;
+mod source;
+pub mod stats;
+mod sync;
 
 pub use config::Config;
+pub use destination::Destination;
+pub use link::{Listener, Negotiated};
+pub use ram::{RamBlock, RamBlocks};
+pub use source::Source;
+pub use stats::Stats;
+
+/// Whether `len` bytes at `ptr` are all zero. Guest RAM may change under us
+/// (the guest keeps running), so it is read with volatile loads.
+///
+/// # Safety
+/// `ptr..ptr + len` must be mapped and readable.
+pub(crate) unsafe fn is_zero(ptr: *const u8, len: usize) -> bool {
+    let word = std::mem::size_of::<usize>();
+    let mut i = 0;
+    while i < len && (ptr as usize + i) % word != 0 {
+        if ptr.add(i).read_volatile() != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    while i + word <= len {
+        if (ptr.add(i) as *const usize).read_volatile() != 0 {
+            return false;
+        }
+        i += word;
+    }
+    while i < len {
+        if ptr.add(i).read_volatile() != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn is_zero_checks_every_byte() {
+        let mut buf = vec![0u8; 4099];
+        for start in 0..9 {
+            assert!(unsafe { super::is_zero(buf.as_ptr().add(start), 4099 - start) });
+        }
+        for pos in [0, 1, 7, 8, 2048, 4098] {
+            buf[pos] = 1;
+            assert!(!unsafe { super::is_zero(buf.as_ptr(), buf.len()) });
+            assert!(unsafe { super::is_zero(buf.as_ptr(), pos) });
+            buf[pos] = 0;
+        }
+    }
+}

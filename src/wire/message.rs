@@ -232,8 +232,13 @@ impl<'a> MessageWriter<'a> {
     /// Sets the header's repeat explicitly, e.g. UNREGISTER_FINISHED echoing
     /// the request's repeat. No check: values above 4096 are written as given.
     pub fn with_repeat(mut self, r: u32) -> Self {
-        self.repeat = Some(r);
+        self.set_repeat(r);
         self
+    }
+
+    /// As [`with_repeat`](Self::with_repeat), through a reference.
+    pub fn set_repeat(&mut self, r: u32) {
+        self.repeat = Some(r);
     }
 
     /// Payload bytes still available.

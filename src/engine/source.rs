@@ -1,0 +1,575 @@
+//! The source side: a hypervisor thread hands RAM ranges and stream bytes to
+//! the transfer thread through a lock-free queue; the transfer thread owns the
+//! connection, registers chunks, posts RDMA WRITEs and sends control messages.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::Instant;
+
+use crossbeam_queue::SegQueue;
+
+use crate::engine::link::{protocol_error as protocol, Link, Negotiated};
+use crate::engine::ram::{chunk_of, RamBlocks};
+use crate::engine::stats::{Counters, Stats};
+use crate::engine::sync::{Done, StickyError};
+use crate::engine::{is_zero, Config};
+use crate::verbs::{Access, MemoryRegion, Sge};
+use crate::wire::{
+    BlockName, CommandType, Compress, DestBlock, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD,
+    MAX_REPEAT, SEND_INCREMENT,
+};
+use crate::{Error, ErrorKind, Result};
+
+/// Writes in flight at most (bytes and work requests): rxe collapses under deep queues.
+const MAX_INFLIGHT_BYTES: u64 = 16 << 20;
+const MAX_INFLIGHT_WRITES: usize = 256;
+/// One write is signalled every this many writes or bytes; the rest complete
+/// silently. The unsignalled tail therefore always fits under the limits above.
+const SIGNAL_EVERY: u64 = 16;
+const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
+/// Chunks per REGISTER_REQUEST toward an rdmamig peer (QEMU takes one).
+const REGISTER_BATCH: usize = 256;
+/// Largest single RDMA WRITE when both sides registered whole blocks (rdmamig peers).
+const LARGE_WRITE: u64 = 4 << 20;
+
+enum Command {
+    Save { block: u32, offset: u64, len: u64 },
+    Stream(Vec<u8>),
+    /// Everything queued before has been sent.
+    Sync(Arc<Done>),
+    /// Close the window: all writes complete, then REGISTER_FINISHED.
+    EndIteration(Arc<Done>),
+}
+
+struct Shared {
+    queue: SegQueue<Command>,
+    engine: OnceLock<Thread>,
+    error: StickyError,
+    counters: Arc<Counters>,
+    closing: AtomicBool,
+}
+
+impl Shared {
+    fn push(&self, cmd: Command) {
+        self.queue.push(cmd);
+        if let Some(t) = self.engine.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The source end of a migration connection.
+///
+/// Thread safety: `save` may be called from several threads at once; the other
+/// methods take `&mut self` and so from one thread at a time.
+pub struct Source {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    ram: RamBlocks,
+    negotiated: Negotiated,
+    stop: Arc<AtomicBool>,
+    in_window: AtomicBool,
+    outgoing: Vec<u8>,
+}
+
+impl Source {
+    /// Connects to a destination listening on `host:port` and starts the transfer thread.
+    pub fn connect(host: &str, port: u16, config: &Config, ram: &RamBlocks) -> Result<Source> {
+        if ram.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
+        }
+        let counters = Arc::new(Counters::default());
+        let link = Link::connect(host, port, config, counters.clone())?;
+        let shared = Arc::new(Shared {
+            queue: SegQueue::new(),
+            engine: OnceLock::new(),
+            error: StickyError::default(),
+            counters,
+            closing: AtomicBool::new(false),
+        });
+        let negotiated = link.negotiated;
+        let stop = link.stop.clone();
+        let engine = Engine::new(link, ram.clone(), shared.clone());
+        let thread = thread::Builder::new()
+            .name("rdmamig-source".into())
+            .spawn(move || engine.run())
+            .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
+        let _ = shared.engine.set(thread.thread().clone());
+        Ok(Source { shared, thread: Some(thread), ram: ram.clone(), negotiated, stop, in_window: AtomicBool::new(false), outgoing: Vec::new() })
+    }
+
+    /// What the two sides agreed on (pin-all, rdmamig extensions).
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated
+    }
+
+    /// Opens an iteration window: `save` calls are legal until `iteration_end`.
+    /// The first window also exchanges the RAM-block lists.
+    pub fn iteration_begin(&mut self) -> Result<()> {
+        self.shared.error.check()?;
+        if self.in_window.swap(true, Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
+        }
+        Ok(())
+    }
+
+    /// Queues `len` bytes at `offset` of block `block` for transfer and returns at once.
+    pub fn save(&self, block: u32, offset: u64, len: u64) -> Result<()> {
+        self.shared.error.check()?;
+        if !self.in_window.load(Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::State, "save outside an iteration window"));
+        }
+        self.ram.get(block)?.check_range(offset, len)?;
+        if len > 0 {
+            self.shared.push(Command::Save { block, offset, len });
+        }
+        Ok(())
+    }
+
+    /// Closes the window: waits until every write of it has completed, then
+    /// tells the destination (REGISTER_FINISHED).
+    pub fn iteration_end(&mut self) -> Result<()> {
+        if !self.in_window.swap(false, Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::State, "no iteration window is open"));
+        }
+        let start = Instant::now();
+        let r = self.call(Command::EndIteration);
+        Counters::add(&self.shared.counters.iteration_end_ns, start.elapsed().as_nanos() as u64);
+        r
+    }
+
+    /// Appends device-state bytes to the stream (sent in QEMU_FILE messages).
+    pub fn put(&mut self, data: &[u8]) -> Result<()> {
+        self.shared.error.check()?;
+        self.outgoing.extend_from_slice(data);
+        let piece = self.stream_piece();
+        while self.outgoing.len() >= piece {
+            let rest = self.outgoing.split_off(piece);
+            let full = std::mem::replace(&mut self.outgoing, rest);
+            self.shared.push(Command::Stream(full));
+        }
+        Ok(())
+    }
+
+    /// Sends every byte `put` so far and waits until it is out.
+    pub fn flush(&mut self) -> Result<()> {
+        self.shared.error.check()?;
+        if !self.outgoing.is_empty() {
+            self.shared.push(Command::Stream(std::mem::take(&mut self.outgoing)));
+        }
+        self.call(Command::Sync)
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The stored error, if the connection failed.
+    pub fn error(&self) -> Option<Error> {
+        self.shared.error.get()
+    }
+
+    /// Aborts the migration: the transfer thread sends ERROR and tears down.
+    pub fn abort(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.shared.engine.get() {
+            t.unpark();
+        }
+    }
+
+    /// Flushes the stream, waits for queued work, and disconnects.
+    pub fn close(mut self) -> Result<()> {
+        let r = self.flush();
+        self.shutdown();
+        r
+    }
+
+    fn stream_piece(&self) -> usize {
+        if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT }
+    }
+
+    fn call(&self, make: impl FnOnce(Arc<Done>) -> Command) -> Result<()> {
+        self.shared.error.check()?;
+        let done = Arc::new(Done::default());
+        self.shared.push(make(done.clone()));
+        done.wait(|| self.shared.error.get())
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A contiguous range within one write unit (a chunk, or a larger span with pin-all).
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    block: u32,
+    offset: u64,
+    len: u64,
+}
+
+#[derive(Default)]
+struct ChunkState {
+    remote_rkey: Option<u32>,
+    /// Asked for in the next REGISTER_REQUEST.
+    awaiting: bool,
+    local: Option<MemoryRegion>,
+}
+
+struct BlockState {
+    /// The destination's host address of the block start, and its offset in its RAM address space.
+    remote_base: u64,
+    dest_offset: u64,
+    /// Pin-all: whole-block keys on both sides.
+    remote_rkey: Option<u32>,
+    local: Option<MemoryRegion>,
+    chunks: Vec<ChunkState>,
+}
+
+struct Engine {
+    link: Link,
+    ram: RamBlocks,
+    shared: Arc<Shared>,
+    blocks: Vec<BlockState>,
+    blocks_exchanged: bool,
+    pending: Option<Piece>,
+    /// Writes waiting for their chunk's registration, in arrival order.
+    deferred: Vec<Piece>,
+    to_register: Vec<(u32, usize)>,
+    /// (sequence, bytes) of posted writes not known to be complete.
+    inflight: VecDeque<(u64, u64)>,
+    inflight_bytes: u64,
+    signalled: VecDeque<u64>,
+    /// Writes and bytes posted since the last signalled write.
+    unsignalled: (u64, u64),
+}
+
+impl Engine {
+    fn new(link: Link, ram: RamBlocks, shared: Arc<Shared>) -> Engine {
+        let blocks = ram
+            .blocks()
+            .iter()
+            .map(|b| BlockState {
+                remote_base: 0,
+                dest_offset: 0,
+                remote_rkey: None,
+                local: None,
+                chunks: (0..b.chunk_count()).map(|_| ChunkState::default()).collect(),
+            })
+            .collect();
+        Engine {
+            link,
+            ram,
+            shared,
+            blocks,
+            blocks_exchanged: false,
+            pending: None,
+            deferred: Vec::new(),
+            to_register: Vec::new(),
+            inflight: VecDeque::new(),
+            inflight_bytes: 0,
+            signalled: VecDeque::new(),
+            unsignalled: (0, 0),
+        }
+    }
+
+    fn run(mut self) {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
+            .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the transfer thread panicked")));
+        if let Err(e) = result {
+            if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
+                self.link.send_error();
+            }
+            self.shared.error.set(e);
+        }
+        // Fail whatever still waits in the queue; later calls see the stored error.
+        let stored = self.shared.error.get().unwrap_or_else(|| Error::new(ErrorKind::Aborted, "the connection is closed"));
+        self.shared.error.set(stored.clone());
+        while let Some(cmd) = self.shared.queue.pop() {
+            if let Command::Sync(d) | Command::EndIteration(d) = cmd {
+                d.set(Err(stored.clone()));
+            }
+        }
+        // Dropping `self` deregisters every MR and destroys the QP, CQ and ids.
+        self.shared.counters.pinned_bytes.store(0, Ordering::Relaxed);
+    }
+
+    fn serve(&mut self) -> Result<()> {
+        loop {
+            if self.link.stop.load(Ordering::Relaxed) {
+                return Err(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
+            }
+            match self.shared.queue.pop() {
+                Some(cmd) => self.handle(cmd)?,
+                None => {
+                    // Idle: post what is pending rather than wait for more to merge.
+                    self.flush_pending()?;
+                    self.register_deferred()?;
+                    if self.shared.closing.load(Ordering::Relaxed) && self.shared.queue.is_empty() {
+                        return Ok(());
+                    }
+                    thread::park_timeout(std::time::Duration::from_millis(100));
+                    self.link.check_events()?;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) -> Result<()> {
+        match cmd {
+            Command::Save { block, offset, len } => {
+                self.exchange_blocks()?;
+                self.save(block, offset, len)
+            }
+            Command::Stream(data) => {
+                self.link.post_message(CommandType::QemuFile, |w| w.push_bytes(&data))?;
+                Counters::add(&self.shared.counters.stream_bytes, data.len() as u64);
+                Ok(())
+            }
+            Command::Sync(done) => {
+                done.set(Ok(()));
+                Ok(())
+            }
+            Command::EndIteration(done) => {
+                self.exchange_blocks()?;
+                self.flush_pending()?;
+                self.register_deferred()?;
+                // The SEND completes after every write posted before it (in-order send queue).
+                self.link.post_message(CommandType::RegisterFinished, |_| Ok(()))?;
+                self.retire_completed();
+                Counters::add(&self.shared.counters.iterations, 1);
+                done.set(Ok(()));
+                Ok(())
+            }
+        }
+    }
+
+    /// RAM_BLOCKS_REQUEST/RESULT, once, before the first RAM goes out.
+    fn exchange_blocks(&mut self) -> Result<()> {
+        if self.blocks_exchanged {
+            return Ok(());
+        }
+        self.blocks_exchanged = true;
+        let pin_all = self.link.negotiated.pin_all;
+        if pin_all {
+            for (b, state) in self.ram.blocks().iter().zip(&mut self.blocks) {
+                // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
+                state.local = Some(unsafe { self.link.pd.register(b.host_ptr(0), b.length as usize, Access::LOCAL_WRITE)? });
+                self.shared.counters.pin(b.length);
+            }
+        }
+        let names: Vec<BlockName> = if self.link.negotiated.extensions {
+            self.ram.blocks().iter().map(|b| BlockName::new(&b.name)).collect::<std::result::Result<_, _>>().map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        let theirs: Vec<DestBlock> = self.link.request(
+            CommandType::RamBlocksRequest,
+            |w| names.iter().try_for_each(|n| w.push(n)),
+            CommandType::RamBlocksResult,
+            |m| m.collect_entries::<DestBlock>().map_err(protocol),
+        )?;
+        Counters::add(&self.shared.counters.registration_round_trips, 1);
+        if theirs.len() != self.ram.len() {
+            return Err(Error::new(
+                ErrorKind::BlockMismatch,
+                format!("RAM blocks mismatch: {} here, {} on the destination", self.ram.len(), theirs.len()),
+            ));
+        }
+        for ((ours, dest), state) in self.ram.blocks().iter().zip(&theirs).zip(&mut self.blocks) {
+            if ours.length != dest.length {
+                return Err(Error::new(
+                    ErrorKind::BlockMismatch,
+                    format!("block '{}' has length {:#x} here and {:#x} on the destination", ours.name, ours.length, dest.length),
+                ));
+            }
+            state.remote_base = dest.remote_host_addr;
+            state.dest_offset = dest.offset;
+            if pin_all {
+                state.remote_rkey = Some(dest.remote_rkey);
+            }
+        }
+        Ok(())
+    }
+
+    /// End (exclusive, relative to the block) of the write unit holding `offset`.
+    fn unit_end(&self, block: u32, offset: u64) -> u64 {
+        let unit = if self.link.negotiated.pin_all && self.link.negotiated.extensions { LARGE_WRITE } else { CHUNK_SIZE };
+        ((offset / unit + 1) * unit).min(self.ram.blocks()[block as usize].length)
+    }
+
+    fn save(&mut self, block: u32, mut offset: u64, len: u64) -> Result<()> {
+        let end = offset + len;
+        while offset < end {
+            let piece_end = self.unit_end(block, offset).min(end);
+            let piece = Piece { block, offset, len: piece_end - offset };
+            let pending_end = self.pending.map(|p| self.unit_end(p.block, p.offset));
+            match &mut self.pending {
+                Some(p) if p.block == block && p.offset + p.len == offset && pending_end >= Some(piece_end) => {
+                    p.len += piece.len
+                }
+                _ => {
+                    self.flush_pending()?;
+                    self.pending = Some(piece);
+                }
+            }
+            offset = piece_end;
+        }
+        Ok(())
+    }
+
+    /// Sends the merged pending range: a write, a COMPRESS, or a deferral until its chunk is registered.
+    fn flush_pending(&mut self) -> Result<()> {
+        let Some(p) = self.pending.take() else { return Ok(()) };
+        if self.link.negotiated.pin_all {
+            return self.write(p);
+        }
+        let chunk = chunk_of(p.offset);
+        let dest_offset = self.blocks[p.block as usize].dest_offset;
+        let state = &self.blocks[p.block as usize].chunks[chunk];
+        if state.remote_rkey.is_some() {
+            return self.write(p);
+        }
+        if state.awaiting {
+            self.deferred.push(p);
+            return Ok(());
+        }
+        let block = &self.ram.blocks()[p.block as usize];
+        // First touch of an unregistered chunk: an all-zero range needs no registration.
+        // SAFETY: the range was checked against the block in `Source::save`.
+        if unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) } {
+            let entry = Compress { value: 0, block_index: p.block, offset: dest_offset + p.offset, length: p.len };
+            self.link.post_message(CommandType::Compress, |w| w.push(&entry))?;
+            Counters::add(&self.shared.counters.zero_chunks, 1);
+            return Ok(());
+        }
+        self.blocks[p.block as usize].chunks[chunk].awaiting = true;
+        self.to_register.push((p.block, chunk));
+        self.deferred.push(p);
+        let batch = if self.link.negotiated.extensions { REGISTER_BATCH } else { 1 };
+        if self.to_register.len() >= batch {
+            self.register_deferred()?;
+        }
+        Ok(())
+    }
+
+    /// Registers every awaited chunk on the destination (batched toward rdmamig
+    /// peers, one per message toward QEMU), then posts the deferred writes.
+    fn register_deferred(&mut self) -> Result<()> {
+        let batch = if self.link.negotiated.extensions { REGISTER_BATCH.min(MAX_REPEAT as usize) } else { 1 };
+        while !self.to_register.is_empty() {
+            let take = self.to_register.len().min(batch);
+            let chunks: Vec<(u32, usize)> = self.to_register.drain(..take).collect();
+            let requests: Vec<RegisterRequest> = chunks
+                .iter()
+                .map(|&(b, c)| RegisterRequest {
+                    key: self.blocks[b as usize].dest_offset + self.ram.blocks()[b as usize].chunk_range(c).0,
+                    block_index: b,
+                    chunks: 0,
+                })
+                .collect();
+            let results: Vec<RegisterResult> = self.link.request(
+                CommandType::RegisterRequest,
+                |w| requests.iter().try_for_each(|r| w.push(r)),
+                CommandType::RegisterResult,
+                |m| m.collect_entries::<RegisterResult>().map_err(protocol),
+            )?;
+            if results.len() != chunks.len() {
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("asked to register {} chunks, the destination answered {}", chunks.len(), results.len()),
+                ));
+            }
+            self.retire_completed();
+            Counters::add(&self.shared.counters.registration_round_trips, 1);
+            Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
+            for (&(b, c), r) in chunks.iter().zip(&results) {
+                let block = &mut self.blocks[b as usize];
+                block.remote_base = r.host_addr;
+                block.chunks[c].remote_rkey = Some(r.rkey);
+                block.chunks[c].awaiting = false;
+            }
+        }
+        for p in std::mem::take(&mut self.deferred) {
+            self.write(p)?;
+        }
+        Ok(())
+    }
+
+    /// Posts one RDMA WRITE, registering the local chunk on first use.
+    fn write(&mut self, p: Piece) -> Result<()> {
+        self.make_room(p.len)?;
+        let block = &self.ram.blocks()[p.block as usize];
+        let state = &mut self.blocks[p.block as usize];
+        let (lkey, rkey) = if let (Some(mr), Some(rkey)) = (&state.local, state.remote_rkey) {
+            (mr.lkey(), rkey)
+        } else {
+            let c = chunk_of(p.offset);
+            let chunk = &mut state.chunks[c];
+            if chunk.local.is_none() {
+                let (start, end) = block.chunk_range(c);
+                // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
+                chunk.local = Some(unsafe { self.link.pd.register(block.host_ptr(start), (end - start) as usize, Access::LOCAL_WRITE)? });
+                self.shared.counters.pin(end - start);
+            }
+            let rkey = chunk.remote_rkey.ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
+            (chunk.local.as_ref().map_or(0, |mr| mr.lkey()), rkey)
+        };
+        let sge = Sge { addr: block.host_ptr(p.offset) as u64, len: p.len as u32, lkey };
+        let remote = state.remote_base + p.offset;
+        let signalled = self.unsignalled.0 + 1 >= SIGNAL_EVERY || self.unsignalled.1 + p.len >= SIGNAL_EVERY_BYTES;
+        // SAFETY: `sge` lies in a local MR over guest RAM the hypervisor keeps mapped;
+        // `remote` lies in the chunk (or block) the destination registered for `rkey`.
+        let seq = unsafe { self.link.post_write(sge, remote, rkey, signalled)? };
+        if signalled {
+            self.unsignalled = (0, 0);
+            self.signalled.push_back(seq);
+        } else {
+            self.unsignalled = (self.unsignalled.0 + 1, self.unsignalled.1 + p.len);
+        }
+        self.inflight.push_back((seq, p.len));
+        self.inflight_bytes += p.len;
+        Counters::add(&self.shared.counters.bytes_written, p.len);
+        Ok(())
+    }
+
+    /// Forgets writes known to be complete.
+    fn retire_completed(&mut self) {
+        let done = self.link.writes_posted() - self.link.writes_in_flight();
+        while let Some(&(seq, bytes)) = self.inflight.front() {
+            if seq > done {
+                break;
+            }
+            self.inflight.pop_front();
+            self.inflight_bytes -= bytes;
+        }
+        while self.signalled.front().is_some_and(|&s| s <= done) {
+            self.signalled.pop_front();
+        }
+    }
+
+    /// Waits until a write of `len` bytes fits under the in-flight limits.
+    fn make_room(&mut self, len: u64) -> Result<()> {
+        loop {
+            self.retire_completed();
+            let fits = self.inflight.len() < MAX_INFLIGHT_WRITES && self.inflight_bytes + len <= MAX_INFLIGHT_BYTES;
+            // With no signalled write outstanding only the short unsignalled tail is in flight.
+            match self.signalled.front() {
+                Some(&seq) if !fits => self.link.wait_write(seq)?,
+                _ => return Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Small synchronisation helpers shared by the source and destination.
+
+use parking_lot::{Condvar, Mutex};
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// A one-shot result that a caller waits for and the engine thread fills.
+#[derive(Default)]
+pub(crate) struct Done {
+    result: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+impl Done {
+    pub fn set(&self, r: Result<()>) {
+        let mut slot = self.result.lock();
+        if slot.is_none() {
+            *slot = Some(r);
+        }
+        self.cv.notify_all();
+    }
+
+    /// Waits for the result, giving up with the engine's stored error if the
+    /// engine stops without filling it (`failed` returns that error).
+    pub fn wait(&self, failed: impl Fn() -> Option<Error>) -> Result<()> {
+        let mut slot = self.result.lock();
+        loop {
+            if let Some(r) = slot.take() {
+                return r;
+            }
+            if let Some(e) = failed() {
+                return Err(e);
+            }
+            self.cv.wait_for(&mut slot, Duration::from_millis(50));
+        }
+    }
+}
+
+/// The first error of a connection, kept so every later call returns it.
+#[derive(Default)]
+pub(crate) struct StickyError(Mutex<Option<Error>>);
+
+impl StickyError {
+    pub fn set(&self, e: Error) {
+        self.0.lock().get_or_insert(e);
+    }
+
+    pub fn get(&self) -> Option<Error> {
+        self.0.lock().clone()
+    }
+
+    pub fn check(&self) -> Result<()> {
+        self.get().map_or(Ok(()), Err)
+    }
+}
