@@ -1,0 +1,177 @@
+//! Reliable-connected queue pairs created through rdma_cm.
+
+use std::ptr::{self, NonNull};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{sys, CmId, CompletionQueue, ProtectionDomain, Result, VerbsError};
+
+/// Requested (and, from [`QueuePair::caps`], actual) queue sizes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+}
+
+/// One scatter/gather entry: `len` bytes at `addr` inside a registered MR
+/// with local key `lkey` (see [`MemoryRegion::sge`](super::MemoryRegion::sge)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// An RC queue pair made with `rdma_create_qp` on a [`CmId`] (which then
+/// drives its state transitions on connect/accept). Destroyed with
+/// `rdma_destroy_qp` on drop; holds the id, the PD and both CQs.
+pub struct QueuePair {
+    qp: NonNull<sys::ibv_qp>,
+    caps: QpCaps,
+    id: Arc<CmId>,
+    _pd: Arc<ProtectionDomain>,
+    _send_cq: Arc<CompletionQueue>,
+    _recv_cq: Arc<CompletionQueue>,
+}
+
+// SAFETY: posting to a QP is thread-safe in rdma-core providers (the send
+// and receive queues each have a lock); the struct itself is immutable.
+unsafe impl Send for QueuePair {}
+unsafe impl Sync for QueuePair {}
+
+impl QueuePair {
+    /// Creates the QP of `id` (one per id: a second one fails with EEXIST).
+    pub fn new(
+        id: &Arc<CmId>,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> Result<Arc<Self>> {
+        if id.has_qp.swap(true, Ordering::AcqRel) {
+            return Err(VerbsError::new("rdma_create_qp", libc::EEXIST));
+        }
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send_cq.raw(),
+            recv_cq: recv_cq.raw(),
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: 0,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: live id, PD and CQs (all kept alive by the QP); attr is
+        // read and its `cap` updated with the actual sizes.
+        let rc = unsafe { sys::rdma_create_qp(id.raw(), pd.raw(), &mut attr) };
+        let qp = if rc == 0 { NonNull::new(unsafe { (*id.raw()).qp }) } else { None };
+        let Some(qp) = qp else {
+            let e = if rc == 0 { VerbsError::new("rdma_create_qp", libc::EIO) } else { VerbsError::last("rdma_create_qp") };
+            id.has_qp.store(false, Ordering::Release);
+            return Err(e);
+        };
+        let caps = QpCaps {
+            max_send_wr: attr.cap.max_send_wr,
+            max_recv_wr: attr.cap.max_recv_wr,
+            max_send_sge: attr.cap.max_send_sge,
+            max_recv_sge: attr.cap.max_recv_sge,
+        };
+        Ok(Arc::new(QueuePair {
+            qp,
+            caps,
+            id: id.clone(),
+            _pd: pd.clone(),
+            _send_cq: send_cq.clone(),
+            _recv_cq: recv_cq.clone(),
+        }))
+    }
+
+    /// The queue sizes the provider actually gave (at least the requested ones).
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    pub fn cm_id(&self) -> &Arc<CmId> {
+        &self.id
+    }
+
+    pub fn raw(&self) -> *mut sys::ibv_qp {
+        self.qp.as_ptr()
+    }
+
+    /// Posts a SEND of `sge`.
+    ///
+    /// # Safety
+    /// The local buffer lies in a registered MR and stays valid (and, for
+    /// sends, unmodified) until the work request completes.
+    pub unsafe fn post_send(&self, wr_id: u64, sge: Sge, signaled: bool) -> Result<()> {
+        self.post(wr_id, sys::IBV_WR_SEND, sge, None, signaled)
+    }
+
+    /// Posts an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`.
+    ///
+    /// # Safety
+    /// As for [`post_send`](Self::post_send).
+    pub unsafe fn post_write(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
+        self.post(wr_id, sys::IBV_WR_RDMA_WRITE, sge, Some((remote_addr, rkey)), signaled)
+    }
+
+    /// Posts a receive buffer.
+    ///
+    /// # Safety
+    /// The buffer lies in a registered MR with LOCAL_WRITE and stays valid
+    /// until the work request completes (or is flushed).
+    pub unsafe fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<()> {
+        let mut sg = sys::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
+        let mut wr = sys::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut sg, num_sge: 1 };
+        let mut bad = ptr::null_mut();
+        let rc = sys::rmv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad);
+        if rc != 0 {
+            return Err(VerbsError::from_ret("ibv_post_recv", rc));
+        }
+        Ok(())
+    }
+
+    /// Errors: ENOMEM ([`VerbsError::is_queue_full`]) when the send queue is full.
+    unsafe fn post(&self, wr_id: u64, opcode: u32, sge: Sge, rdma: Option<(u64, u32)>, signaled: bool) -> Result<()> {
+        let mut sg = sys::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
+        // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero ints).
+        let mut wr: sys::ibv_send_wr = std::mem::zeroed();
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sg;
+        wr.num_sge = 1;
+        wr.opcode = opcode;
+        wr.send_flags = if signaled { sys::IBV_SEND_SIGNALED } else { 0 };
+        if let Some((remote_addr, rkey)) = rdma {
+            wr.wr.rdma = sys::ibv_send_wr_rdma { remote_addr, rkey };
+        }
+        let mut bad = ptr::null_mut();
+        let rc = sys::rmv_post_send(self.qp.as_ptr(), &mut wr, &mut bad);
+        if rc != 0 {
+            return Err(VerbsError::from_ret("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // SAFETY: nobody can post any more (we are the last Arc); the id,
+        // PD and CQs are still alive (we hold them).
+        unsafe { sys::rdma_destroy_qp(self.id.raw()) };
+        self.id.has_qp.store(false, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair").field("raw", &self.qp).field("caps", &self.caps).finish()
+    }
+}
