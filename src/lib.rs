@@ -6,6 +6,13 @@
 //! - [`verbs`]: thin RAII over libibverbs/librdmacm, the only place with raw verbs `unsafe`;
 //! - [`engine`]: source/destination state machines, control channel, RAM chunks;
 //! - `ffi`: the C ABI (argument checks, panic boundary, handle casts; no logic).
+//!
+//! The Rust API: a destination binds a [`Listener`] and [`Destination::accept`]s
+//! a source; a source calls [`Source::connect`]. Both describe their guest RAM
+//! in a [`RamBlocks`] registry. The source sends RAM in iteration windows
+//! (`iteration_begin`, `save`..., `iteration_end`) and device state with
+//! `put`/`flush`; the destination reads it with `get` and learns of finished
+//! windows with `wait_iteration`.
 
 pub mod error;
 pub mod wire;
@@ -13,6 +20,7 @@ pub mod verbs;
 pub mod engine;
 mod ffi;
 
+pub use engine::{Config, Destination, Listener, Negotiated, RamBlock, RamBlocks, Source, Stats};
 pub use error::{Error, ErrorKind, Result};
 
 /// The library version, as in Cargo.toml.

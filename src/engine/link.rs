@@ -237,21 +237,26 @@ impl Link {
         if event.kind() != CmEventKind::ConnectRequest {
             return Err(Error::new(ErrorKind::Connect, format!("expected a connection request, got {:?}", event.kind())));
         }
-        let request = Capabilities::decode(event.private_data()).map_err(protocol_error)?;
-        let Some(id) = event.take_request_id(&listener.channel) else {
+        // Each connection gets its own event channel (the id migrates to it), so
+        // its disconnect events are not taken by whoever waits on the listener.
+        let channel = EventChannel::new()?;
+        let Some(id) = event.take_request_id(&channel) else {
             return Err(Error::new(ErrorKind::Connect, "connection request without an id"));
         };
-        drop(event);
         let ours = Capabilities { version: config.protocol_version, flags: 0 };
+        let request = match Capabilities::decode(event.private_data()) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = id.reject(&ours.encode());
+                return Err(protocol_error(e));
+            }
+        };
+        drop(event);
         if request.version != config.protocol_version {
             // QEMU just drops such a request; rejecting tells the source why.
             let _ = id.reject(&ours.encode());
             return Err(version_error(config.protocol_version, request.version));
         }
-        // Each connection gets its own event channel, so its disconnect events
-        // are not taken by whoever waits on the listener.
-        let channel = EventChannel::new()?;
-        id.migrate(&channel)?;
         let negotiated = Negotiated::offered(config).masked(request.flags);
         let mut link = match Link::new(id.clone(), negotiated, config, counters) {
             Ok(link) => link,
