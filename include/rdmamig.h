@@ -29,6 +29,13 @@
 
 
 /**
+ * The longest RDMA device name, in bytes, not counting the NUL
+ * (`IBV_SYSFS_NAME_MAX - 1`). A `name_out` buffer of
+ * `RDMAMIG_DEVICE_NAME_MAX + 1` bytes always suffices.
+ */
+#define RDMAMIG_DEVICE_NAME_MAX 63
+
+/**
  * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success; every
  * other value is an error.
  *
@@ -175,6 +182,25 @@ rdmamig_status rdmamig_config_set_protocol_version(rdmamig_config *config,
  * `RDMAMIG_ERR_INVALID_ARGUMENT` and leaves the config unchanged.
  */
 rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t timeout_ms);
+
+/**
+ * Checks that an RDMA device can be opened, and says which.
+ *
+ * `name` selects a device by name (e.g. "rxe0", "mlx5_0"); NULL means the
+ * first device found. On `RDMAMIG_OK` the device's name is copied,
+ * NUL-terminated, into `name_out` (of `name_out_len` bytes). `name_out` may be
+ * NULL when `name_out_len` is 0, to only check for a device.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NO_DEVICE` when the host has no RDMA
+ * device (or none called `name`); `RDMAMIG_ERR_VERBS` when the device exists
+ * but cannot be opened; `RDMAMIG_ERR_INVALID_ARGUMENT` when `name` is not
+ * UTF-8; `RDMAMIG_ERR_NULL_PARAMETER` when `name_out` is NULL but
+ * `name_out_len` is not 0; `RDMAMIG_ERR_BUFFER_TOO_SMALL` when the name does
+ * not fit (the buffer then holds as much of it as fits, NUL-terminated).
+ *
+ * Thread-safe.
+ */
+rdmamig_status rdmamig_device_probe(const char *name, char *name_out, size_t name_out_len);
 
 /**
  * The version of the library actually loaded, as "MAJOR.MINOR.PATCH" (the same

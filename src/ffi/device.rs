@@ -7,6 +7,7 @@ use std::os::raw::c_char;
 /// The longest RDMA device name, in bytes, not counting the NUL
 /// (`IBV_SYSFS_NAME_MAX - 1`). A `name_out` buffer of
 /// `RDMAMIG_DEVICE_NAME_MAX + 1` bytes always suffices.
+#[allow(dead_code)] // for C, through the header
 pub const RDMAMIG_DEVICE_NAME_MAX: usize = 63;
 
 /// Checks that an RDMA device can be opened, and says which.
@@ -45,6 +46,30 @@ pub extern "C" fn rdmamig_device_probe(
                 }
             }
             Err(e) => e.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmamig_status::*;
+
+    #[test]
+    fn argument_checks() {
+        assert_eq!(rdmamig_device_probe(std::ptr::null(), std::ptr::null_mut(), 8), RDMAMIG_ERR_NULL_PARAMETER);
+        let mut buf = [0 as c_char; 8];
+        let bad = c"\xff".as_ptr();
+        assert_eq!(rdmamig_device_probe(bad, buf.as_mut_ptr(), buf.len()), RDMAMIG_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn probe_is_ok_or_no_device() {
+        let mut buf = [0x55 as c_char; RDMAMIG_DEVICE_NAME_MAX + 1];
+        match rdmamig_device_probe(std::ptr::null(), buf.as_mut_ptr(), buf.len()) {
+            RDMAMIG_OK => assert!(buf.contains(&0)),
+            RDMAMIG_ERR_NO_DEVICE => assert_eq!(buf[0], 0x55, "written only on success"),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -31,7 +31,7 @@ pub(crate) mod handle;
 pub(crate) mod status;
 
 pub mod config;
-// pub mod device; // TODO: waits for crate::verbs::Context
+pub mod device;
 pub mod version;
 
 /// The checked-in header agrees with the crate (scripts/check-header.sh also
