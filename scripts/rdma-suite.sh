@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# rdma-suite.sh -- the RDMA tests, as CI runs them: build on the host, then run
+# everything in ONE scripts/rxe-vm.sh guest (Soft-RoCE rxe0 at 198.18.0.1):
+#
+#   1. ibv_devices             must list rxe0
+#   2. rust:rdma               the Rust integration tests (test target `rdma`,
+#                              tests/rdma/main.rs, feature rdma-tests), built
+#                              with cargo test --release, run --test-threads=1
+#   3. c:rdma_test_*           each executable target/c-tests/rdma_test_*
+#                              (built by the Makefile beforehand; none: skipped)
+#
+#   scripts/rdma-suite.sh [ARGS...]   ARGS go to the Rust test binary
+#                                     (a test name filter, --nocapture, ...)
+#
+# Prints "rdma-suite: PASS <step>" or "rdma-suite: FAIL <step> (...)" for each
+# step and, last, "rdma-suite: N passed, M failed".  Exit status: 0 if all
+# passed, 1 if something failed, 125 if the guest itself failed (rxe-vm.sh:
+# setup, RXE_VM_TIMEOUT); steps that did not run count as failed.
+# Run as root.  Environment: RDMA_SUITE_STEP_TIMEOUT (seconds per step,
+# default 600); RXE_VM_* (see scripts/rxe-vm.sh).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 125
+VM=$PWD/scripts/rxe-vm.sh
+export RDMA_SUITE_STEP_TIMEOUT=${RDMA_SUITE_STEP_TIMEOUT:-600}
+# Private directory, shared read-write with the guest: its step list and
+# results.
+RDMA_SUITE_DIR=$(mktemp -d /tmp/rdma-suite.XXXXXX) || exit 125
+export RDMA_SUITE_DIR
+trap 'rm -rf "$RDMA_SUITE_DIR"' EXIT
+
+STEPS=()            # every step's name (no spaces), in order
+declare -A RESULT   # step name -> "PASS" or "FAIL (why)"
+add_step() {   # add_step NAME COMMAND...: a step for the guest
+    STEPS+=("$1")
+    printf '%q ' step "$@" >> "$RDMA_SUITE_DIR/steps"
+    echo >> "$RDMA_SUITE_DIR/steps"
+}
+host_fail() {  # host_fail NAME WHY
+    STEPS+=("$1")
+    RESULT[$1]="FAIL ($2)"
+    echo "rdma-suite: FAIL $1 ($2)"
+}
+
+# Host packages (rdma-core libraries and headers, qemu, jq, ...) and kernel.
+"$VM" --install-only || exit 125
+
+add_step ibv_devices bash -c 'ibv_devices | awk "{ print } \$1 == \"rxe0\" { found = 1 } END { exit !found }"'
+
+echo "rdma-suite: building the Rust RDMA tests (cargo test --release --features rdma-tests --test rdma --no-run)"
+json=$RDMA_SUITE_DIR/cargo.json
+if cargo test --release --features rdma-tests --test rdma --no-run --message-format=json \
+        > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
+    bin=$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "rdma"
+                        and (.target.kind | index("test")) and .executable != null)
+                 | .executable' "$json" | tail -1)
+    if [ -n "$bin" ]; then
+        add_step rust:rdma "$bin" --test-threads=1 "$@"
+    else
+        host_fail rust:rdma "cargo built no test executable for target rdma"
+    fi
+elif grep -q "no test target named .rdma" "$RDMA_SUITE_DIR/cargo.err"; then
+    host_fail rust:rdma "Cargo.toml has no test target rdma (tests/rdma/main.rs, required-features = [\"rdma-tests\"])"
+else
+    jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
+    cat "$RDMA_SUITE_DIR/cargo.err"
+    host_fail rust:rdma "cargo build failed, see above"
+fi
+
+c_tests=0
+for t in target/c-tests/rdma_test_*; do
+    [ -f "$t" ] && [ -x "$t" ] || continue
+    add_step "c:${t##*/}" "$PWD/$t"
+    c_tests=$((c_tests + 1))
+done
+[ $c_tests != 0 ] || echo "rdma-suite: no C RDMA tests (target/c-tests/rdma_test_*): skipped"
+
+# In the guest: run each step (with a timeout), one result line each.
+RXE_VM_SHARE="${RXE_VM_SHARE:-} $RDMA_SUITE_DIR" "$VM" '
+step() {
+    local name=$1 rc result
+    shift
+    echo "rdma-suite: --- $name: $*"
+    timeout -k 10 "$RDMA_SUITE_STEP_TIMEOUT" "$@"
+    rc=$?
+    case $rc in
+        0) result="PASS $name" ;;
+        124) result="FAIL $name (timed out after ${RDMA_SUITE_STEP_TIMEOUT}s)" ;;
+        *) result="FAIL $name (exit status $rc)" ;;
+    esac
+    echo "rdma-suite: $result"
+    echo "$result" >> "$RDMA_SUITE_DIR/results"
+}
+. "$RDMA_SUITE_DIR/steps"
+! grep -q "^FAIL" "$RDMA_SUITE_DIR/results"'
+vm_rc=$?
+
+# Summary.  The guest's results file has "PASS name" or "FAIL name (why)"
+# lines; a step without one did not run.
+if [ -f "$RDMA_SUITE_DIR/results" ]; then
+    while read -r status name why; do
+        RESULT[$name]=${RESULT[$name]:-$status${why:+ $why}}
+    done < "$RDMA_SUITE_DIR/results"
+fi
+passed=0 failed=()
+for name in "${STEPS[@]}"; do
+    if [ -z "${RESULT[$name]:-}" ]; then
+        RESULT[$name]="FAIL (did not run: rxe-vm.sh exited $vm_rc)"
+        echo "rdma-suite: FAIL $name ${RESULT[$name]#FAIL }"
+    fi
+    if [ "${RESULT[$name]}" = PASS ]; then
+        passed=$((passed + 1))
+    else
+        failed+=("$name ${RESULT[$name]#FAIL }")
+    fi
+done
+[ ${#failed[@]} = 0 ] || printf 'rdma-suite: failed: %s\n' "${failed[@]}"
+echo "rdma-suite: $passed passed, ${#failed[@]} failed"
+if [ ${#failed[@]} = 0 ] && [ $vm_rc = 0 ]; then exit 0; fi
+[ $vm_rc = 125 ] && exit 125
+exit 1
