@@ -1,0 +1,106 @@
+//! Abort: the destination process dies in the middle of a transfer.
+
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdmamig::{Config, Destination, RamBlocks, Source};
+
+use crate::migration::{listen, rdma_ip, GuestRam, PAGE};
+
+const MIB: u64 = 1 << 20;
+const RAM: u64 = 64 * MIB;
+const PORT_FILE_ENV: &str = "RDMAMIG_TEST_PORT_FILE";
+
+fn registry(ram: &GuestRam) -> RamBlocks {
+    let mut r = RamBlocks::new();
+    unsafe { r.add("pc.ram", ram.ptr(), 0, RAM).unwrap() };
+    r
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Memory regions of this process, as the kernel lists them.
+fn live_mrs() -> usize {
+    let out = Command::new("rdma").args(["resource", "show", "mr"]).output().expect("the rdma tool (iproute2)");
+    assert!(out.status.success(), "rdma resource show mr: {}", String::from_utf8_lossy(&out.stderr));
+    let pid = format!("pid {} ", std::process::id());
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(&pid)).count()
+}
+
+/// Runs as a separate process (started by the test below): a destination that serves until killed.
+#[test]
+#[ignore = "child process of source_call_fails_fast_when_destination_is_killed"]
+fn destination_process() {
+    let Ok(port_file) = std::env::var(PORT_FILE_ENV) else { return };
+    let ram = GuestRam::new(RAM, 0);
+    let (listener, port) = listen(&Config::default());
+    std::fs::write(&port_file, port.to_string()).unwrap();
+    let _dest = Destination::accept(&listener, &registry(&ram), Some(Duration::from_secs(60))).unwrap();
+    thread::sleep(Duration::from_secs(120));
+    panic!("the parent test should have killed this process");
+}
+
+#[test]
+fn source_call_fails_fast_when_destination_is_killed() {
+    let ram = GuestRam::new(RAM, 0);
+    for off in (0..RAM).step_by(8) {
+        ram.write_u64(off, off | 1);
+    }
+    let fds_before = open_fds();
+    let mrs_before = live_mrs();
+
+    let port_file = std::env::temp_dir().join(format!("rdmamig-abort-{}", std::process::id()));
+    let _ = std::fs::remove_file(&port_file);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "abort::destination_process", "--include-ignored", "--nocapture"])
+        .env(PORT_FILE_ENV, &port_file)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let port: u16 = loop {
+        if let Ok(s) = std::fs::read_to_string(&port_file) {
+            if let Ok(p) = s.trim().parse() {
+                break p;
+            }
+        }
+        assert!(Instant::now() < deadline, "the destination process did not start listening");
+        thread::sleep(Duration::from_millis(50));
+    };
+
+    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &registry(&ram)).unwrap();
+    assert!(live_mrs() > mrs_before, "the connection registered no memory region");
+    let killer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(700));
+        child.kill().unwrap();
+        let killed = Instant::now();
+        child.wait().unwrap();
+        killed
+    });
+    let failed_at = loop {
+        let round = (|| {
+            source.iteration_begin()?;
+            for off in (0..RAM).step_by(PAGE as usize) {
+                source.save(0, off, PAGE)?;
+            }
+            source.iteration_end()
+        })();
+        if let Err(e) = round {
+            eprintln!("source failed as expected: {e}");
+            break Instant::now();
+        }
+        assert!(!killer.is_finished() || Instant::now() < deadline, "no error after the destination died");
+    };
+    let killed = killer.join().unwrap();
+    let delay = failed_at.saturating_duration_since(killed);
+    eprintln!("error {delay:?} after the kill");
+    assert!(delay < Duration::from_secs(5), "the source noticed only after {delay:?}");
+    // Later calls return the stored error instead of hanging.
+    assert!(source.iteration_begin().is_err());
+    drop(source);
+    let _ = std::fs::remove_file(&port_file);
+    assert_eq!(live_mrs(), mrs_before, "memory regions left registered");
+    assert_eq!(open_fds(), fds_before, "file descriptors leaked");
+}
