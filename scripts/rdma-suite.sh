@@ -104,7 +104,7 @@ fi
 passed=0 failed=()
 for name in "${STEPS[@]}"; do
     if [ -z "${RESULT[$name]:-}" ]; then
-        RESULT[$name]="FAIL (did not run: rxe-vm.sh exited $vm_rc)"
+        RESULT[$name]="FAIL (no result: the guest failed, rxe-vm.sh exited $vm_rc)"
         echo "rdma-suite: FAIL $name ${RESULT[$name]#FAIL }"
     fi
     if [ "${RESULT[$name]}" = PASS ]; then
