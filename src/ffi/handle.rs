@@ -51,6 +51,27 @@ pub(crate) fn try_box_from_ptr<C: Castable>(ptr: *mut C) -> Option<Box<C::RustTy
     Some(unsafe { Box::from_raw(ptr.cast::<C::RustType>()) })
 }
 
+/// `*const T` from either `*const T` or `*mut T` (for `try_ref!`, keeping the
+/// pointee type known to inference, which `as *const _` would not).
+pub(crate) trait ConstPtr {
+    type Target;
+    fn const_ptr(self) -> *const Self::Target;
+}
+
+impl<T> ConstPtr for *const T {
+    type Target = T;
+    fn const_ptr(self) -> *const T {
+        self
+    }
+}
+
+impl<T> ConstPtr for *mut T {
+    type Target = T;
+    fn const_ptr(self) -> *const T {
+        self.cast_const()
+    }
+}
+
 /// Borrows the Rust value behind a handle; `None` for NULL.
 pub(crate) fn try_from_ptr<'a, C: Castable>(ptr: *const C) -> Option<&'a C::RustType> {
     // SAFETY: as in `try_box_from_ptr`; the C caller keeps the handle alive and
@@ -99,4 +120,127 @@ pub(crate) fn try_slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T
     // SAFETY: the C caller passes `len` valid elements that nothing else
     // accesses during the call.
     Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// Every macro and helper, on a dummy handle, as the engine's handles use them.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::status::rdmamig_status::{self, *};
+
+    pub struct rdmamig_dummy {
+        _private: [u8; 0],
+    }
+
+    impl Castable for rdmamig_dummy {
+        type RustType = Vec<u32>;
+    }
+
+    extern "C" fn dummy_new(panic: bool) -> *mut rdmamig_dummy {
+        ffi_boundary! {
+            if panic {
+                panic!("test panic");
+            }
+            to_boxed_mut_ptr::<rdmamig_dummy>(vec![1, 2, 3])
+        }
+    }
+
+    extern "C" fn dummy_free(d: *mut rdmamig_dummy) {
+        ffi_boundary! { free_box(d) }
+    }
+
+    extern "C" fn dummy_len(d: *const rdmamig_dummy) -> usize {
+        ffi_boundary! { try_ref!(d).len() }
+    }
+
+    extern "C" fn dummy_is_empty(d: *const rdmamig_dummy) -> bool {
+        ffi_boundary! { try_ref!(d).is_empty() }
+    }
+
+    extern "C" fn dummy_push(d: *mut rdmamig_dummy, values: *const u32, n: usize) -> rdmamig_status {
+        ffi_boundary! {
+            let d = try_mut!(d);
+            let values = try_slice!(values, n);
+            d.extend_from_slice(values);
+            RDMAMIG_OK
+        }
+    }
+
+    extern "C" fn dummy_copy_out(d: *const rdmamig_dummy, out: *mut u32, n: usize, written: *mut usize) -> rdmamig_status {
+        ffi_boundary! {
+            let d = try_ref!(d);
+            let written = try_out!(written);
+            let out = try_slice_mut!(out, n);
+            if out.len() < d.len() {
+                return RDMAMIG_ERR_BUFFER_TOO_SMALL;
+            }
+            out[..d.len()].copy_from_slice(d);
+            *written = d.len();
+            RDMAMIG_OK
+        }
+    }
+
+    extern "C" fn dummy_push_name_len(d: *mut rdmamig_dummy, name: *const c_char) -> rdmamig_status {
+        ffi_boundary! {
+            let d = try_mut!(d);
+            let name = try_cstr!(name);
+            d.push(name.len() as u32);
+            RDMAMIG_OK
+        }
+    }
+
+    /// A consuming call: takes the handle back and returns its sum.
+    extern "C" fn dummy_into_sum(d: *mut rdmamig_dummy, sum: *mut u32) -> rdmamig_status {
+        ffi_boundary! {
+            let sum = try_out!(sum);
+            let d = try_box!(d);
+            *sum = d.iter().sum();
+            RDMAMIG_OK
+        }
+    }
+
+    #[test]
+    fn macros_on_a_dummy_handle() {
+        let null = std::ptr::null_mut::<rdmamig_dummy>();
+        assert!(dummy_new(true).is_null(), "panic gives NULL");
+        assert_eq!(dummy_len(null), 0);
+        assert!(!dummy_is_empty(null));
+        dummy_free(null);
+
+        let d = dummy_new(false);
+        assert_eq!(dummy_len(d), 3);
+        assert_eq!(dummy_push(d, [4, 5].as_ptr(), 2), RDMAMIG_OK);
+        assert_eq!(dummy_push(d, std::ptr::null(), 0), RDMAMIG_OK, "empty slice may be NULL");
+        assert_eq!(dummy_push(d, std::ptr::null(), 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(dummy_push(null, [1].as_ptr(), 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(dummy_len(d), 5);
+
+        let mut out = [0u32; 8];
+        let mut written = 0usize;
+        assert_eq!(dummy_copy_out(d, out.as_mut_ptr(), 2, &mut written), RDMAMIG_ERR_BUFFER_TOO_SMALL);
+        assert_eq!(written, 0);
+        assert_eq!(dummy_copy_out(d, out.as_mut_ptr(), 8, std::ptr::null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(dummy_copy_out(d, out.as_mut_ptr(), 8, &mut written), RDMAMIG_OK);
+        assert_eq!((written, &out[..5]), (5, &[1, 2, 3, 4, 5][..]));
+
+        assert_eq!(dummy_push_name_len(d, c"abc".as_ptr()), RDMAMIG_OK);
+        assert_eq!(dummy_push_name_len(d, std::ptr::null()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(dummy_push_name_len(d, c"\xc3".as_ptr()), RDMAMIG_ERR_INVALID_ARGUMENT);
+
+        let mut sum = 0;
+        assert_eq!(dummy_into_sum(null, &mut sum), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(dummy_into_sum(d, &mut sum), RDMAMIG_OK);
+        assert_eq!(sum, 1 + 2 + 3 + 4 + 5 + 3);
+    }
+
+    #[test]
+    fn status_conversions_in_bodies() {
+        extern "C" fn fails() -> rdmamig_status {
+            ffi_boundary! {
+                let r: crate::Result<()> = Err(crate::Error::new(crate::ErrorKind::BlockMismatch, "x"));
+                r.into()
+            }
+        }
+        assert_eq!(fails(), rdmamig_status::RDMAMIG_ERR_BLOCK_MISMATCH);
+    }
 }

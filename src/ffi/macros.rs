@@ -38,7 +38,7 @@ macro_rules! ffi_boundary {
 /// `RDMAMIG_ERR_NULL_PARAMETER` / NULL / 0 / false from the enclosing function.
 macro_rules! try_ref {
     ($ptr:expr) => {
-        match $crate::ffi::handle::try_from_ptr($ptr as *const _) {
+        match $crate::ffi::handle::try_from_ptr($crate::ffi::handle::ConstPtr::const_ptr($ptr)) {
             Some(r) => r,
             None => return $crate::ffi::boundary::NullParameterOrDefault::value(),
         }
@@ -49,6 +49,19 @@ macro_rules! try_ref {
 macro_rules! try_mut {
     ($ptr:expr) => {
         match $crate::ffi::handle::try_from_mut_ptr($ptr) {
+            Some(r) => r,
+            None => return $crate::ffi::boundary::NullParameterOrDefault::value(),
+        }
+    };
+}
+
+/// `&mut T` from a plain (non-handle) output pointer `*mut T`, e.g. a
+/// `size_t *len_out` or a caller-allocated `#[repr(C)]` struct; NULL as in
+/// [`try_ref!`]. Write it only once the call has succeeded.
+macro_rules! try_out {
+    ($ptr:expr) => {
+        // SAFETY: the C caller passes a valid, writable, aligned pointer or NULL.
+        match unsafe { ($ptr).as_mut() } {
             Some(r) => r,
             None => return $crate::ffi::boundary::NullParameterOrDefault::value(),
         }
