@@ -120,8 +120,9 @@ fetch_kernel() {
         log "downloading + unpacking $pkg into $dir"
         apt_update_once
         tmp=$(mktemp -d)
-        chmod 755 "$tmp"   # apt's _apt user downloads into it
-        (cd "$tmp" && apt-get download -qq "$pkg" >&2) || { rm -rf "$tmp"; die "apt-get download $pkg failed"; }
+        # (as root: apt's _apt user could not write to $tmp)
+        (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$pkg" >&2) ||
+            { rm -rf "$tmp"; die "apt-get download $pkg failed"; }
         rm -rf "$dir"
         mkdir -p "$dir"
         dpkg-deb -x "$tmp"/*.deb "$dir"
@@ -191,7 +192,8 @@ prepare_host() {
     log "host ready in $(since "$T0") (kernel $KVER)"
 }
 
-# QEMU's -virtfs option for host directory $1, 9p mount tag $2.
+# virtfs DIR TAG [,MORE_OPTIONS]: a -virtfs option sharing host directory DIR
+# as 9p mount tag TAG.
 virtfs() {
     echo "local,path=${1//,/,,},mount_tag=$2,security_model=none,multidevs=remap${3:-}"
 }
@@ -292,10 +294,12 @@ run_guests() {
                 fi
             done
         fi
+        pid=
         set +e
         wait -n -p pid "${QPID[@]}"
         st=$?
         set -e
+        [ -n "$pid" ] || continue   # interrupted by a signal
         for n in "${!QPID[@]}"; do [ "${QPID[n]}" = "$pid" ] && break; done
         unset "QPID[n]"
         QRC[n]=$st
