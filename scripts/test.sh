@@ -96,7 +96,7 @@ install_prerequisites() {
             echo "$(cargo fuzz --version)"
         else
             echo "installing cargo-fuzz"
-            cargo install --locked cargo-fuzz
+            cargo install --locked --version 0.13.2 cargo-fuzz
         fi
     fi
     cargo --version
