@@ -360,6 +360,10 @@ fn writer_default_repeat() {
 
     let n = MessageWriter::new(&mut buf, CommandType::UnregisterFinished).with_repeat(9).finish();
     assert_eq!(decode_message(&buf[..n]).unwrap().repeat, 9);
+    let mut w = MessageWriter::new(&mut buf, CommandType::UnregisterFinished);
+    w.set_repeat(4);
+    let n = w.finish();
+    assert_eq!(decode_message(&buf[..n]).unwrap().repeat, 4);
 }
 
 #[test]
