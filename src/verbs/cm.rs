@@ -177,7 +177,10 @@ impl CmEvent {
 
     /// `param.conn.private_data` (empty if none). For `ConnectRequest`:
     /// the connector's data; for `Established` on the active side: the
-    /// acceptor's; for `Rejected`: the rejecter's.
+    /// acceptor's; for `Rejected`: the rejecter's. On IB/RoCE the kernel
+    /// reports the whole CM message's private data area, zero-padded (56
+    /// bytes for a request, 196 for an accept, 148 for a reject), so expect
+    /// more bytes than the peer sent.
     pub fn private_data(&self) -> &[u8] {
         // SAFETY: librdmacm points private_data into the event's own
         // storage, which lives until the ack (i.e. as long as &self).
