@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <stdbool.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
 #define RDMAMIG_VERSION_MINOR 1
@@ -34,6 +36,12 @@
  * `RDMAMIG_DEVICE_NAME_MAX + 1` bytes always suffices.
  */
 #define RDMAMIG_DEVICE_NAME_MAX 63
+
+/**
+ * The size of the first version of `rdmamig_stats` (every field up to
+ * `stream_bytes`), and the smallest `size` `rdmamig_conn_get_stats` accepts.
+ */
+#define RDMAMIG_STATS_SIZE_V1 88
 
 /**
  * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success; every
@@ -140,9 +148,204 @@ typedef uint32_t rdmamig_status;
  */
 typedef struct rdmamig_config rdmamig_config;
 
+/**
+ * One end of a migration connection: a source (made by `rdmamig_connect`)
+ * or a destination (made by `rdmamig_listener_accept`). A call that does
+ * not fit the connection's role returns `RDMAMIG_ERR_STATE`.
+ *
+ * Errors: every failing call keeps its message in the connection
+ * (`rdmamig_conn_error_message`) and in the thread's last error
+ * (`rdmamig_last_error_message`). Once the connection failed (peer error,
+ * disconnect, timeout, `rdmamig_conn_abort`), every later call returns that
+ * same error.
+ *
+ * Ownership: free with `rdmamig_conn_free`, which also closes the
+ * connection. The RAM registered for it must stay mapped until then.
+ *
+ * Thread safety: `rdmamig_conn_save` may be called from several threads at
+ * once, and concurrently with the other functions that take a `const
+ * rdmamig_conn *` (`rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
+ * `rdmamig_conn_error_message`). Every other function, and the callbacks of
+ * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
+ * may run on the same connection at the same time. The library's own thread
+ * (one per connection) makes progress without the hypervisor and calls
+ * nothing back.
+ */
+typedef struct rdmamig_conn rdmamig_conn;
+
+/**
+ * A destination's listening rdma_cm endpoint, bound to the address of an
+ * RDMA device.
+ *
+ * Create with `rdmamig_listener_new`, take connections with
+ * `rdmamig_listener_accept`, free with `rdmamig_listener_free`. Accepted
+ * connections are independent of it: the listener may be freed while they
+ * run.
+ *
+ * Thread safety: `rdmamig_listener_port` and `rdmamig_listener_accept` take
+ * a `const` pointer and may run concurrently (each accept takes a different
+ * connection request); nothing may run concurrently with
+ * `rdmamig_listener_free`.
+ */
+typedef struct rdmamig_listener rdmamig_listener;
+
+/**
+ * The hypervisor's guest RAM: a list of blocks, each a range of host memory
+ * with a name (QEMU's RAMBlock idstr), its offset in the hypervisor's RAM
+ * address space and its length.
+ *
+ * Create with `rdmamig_ram_new`, add blocks with `rdmamig_ram_add_block`,
+ * free with `rdmamig_ram_free`. `rdmamig_connect` and
+ * `rdmamig_listener_accept` copy the registry, so it may be changed or freed
+ * afterwards without affecting existing connections (but the guest memory the
+ * blocks point to may not: see `rdmamig_ram_add_block`).
+ *
+ * Block indexes count from 0 in the order of `rdmamig_ram_add_block` calls.
+ * A destination receiving from QEMU must add its blocks in the source's
+ * order (QEMU sends no block names over RDMA).
+ *
+ * Thread safety: not synchronised. Any number of threads may use one
+ * registry through `const` pointers at the same time (including connecting
+ * and accepting with it), but nothing may run concurrently with
+ * `rdmamig_ram_add_block` or `rdmamig_ram_free` on the same registry.
+ */
+typedef struct rdmamig_ram rdmamig_ram;
+
+/**
+ * A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
+ *
+ * The struct may grow in later versions, with fields added only at the end.
+ * Set `size` to `sizeof(rdmamig_stats)` before the call: the library fills
+ * the fields that fit in `size` bytes and writes back the number of bytes it
+ * filled, so a program built against an older or newer header works with
+ * any library. Fields the library does not know are left untouched.
+ */
+typedef struct {
+  /**
+   * In: `sizeof(rdmamig_stats)` as the caller knows it (at least
+   * `RDMAMIG_STATS_SIZE_V1`). Out: the bytes filled.
+   */
+  uint32_t size;
+  /**
+   * Bytes of guest RAM written with RDMA WRITE (source).
+   */
+  uint64_t bytes_written;
+  /**
+   * 1 MiB chunks registered for remote access: asked for (source) or
+   * served (destination).
+   */
+  uint64_t chunks_registered;
+  /**
+   * All-zero ranges sent (source) or applied (destination) as COMPRESS
+   * messages instead of being written.
+   */
+  uint64_t zero_chunks;
+  /**
+   * REGISTER_REQUEST/RESULT round trips (one per message, however many
+   * chunks it carries).
+   */
+  uint64_t registration_round_trips;
+  /**
+   * Bytes of memory this side has registered (pinned) now.
+   */
+  uint64_t pinned_bytes;
+  /**
+   * The most bytes this side had registered at once.
+   */
+  uint64_t pinned_bytes_peak;
+  /**
+   * Control messages sent and received, READY included.
+   */
+  uint64_t control_messages;
+  /**
+   * Completed iteration windows (REGISTER_FINISHED sent or received).
+   */
+  uint64_t iterations;
+  /**
+   * Total time spent inside `rdmamig_conn_iteration_end`, in nanoseconds
+   * (source).
+   */
+  uint64_t iteration_end_ns;
+  /**
+   * Device-state stream bytes sent (source) or received (destination).
+   */
+  uint64_t stream_bytes;
+} rdmamig_stats;
+
+/**
+ * The device-state stream of a connection as callbacks shaped like QEMU's
+ * `QEMUFileOps`, for a hypervisor whose migration code writes and reads
+ * through such a table. Filled by `rdmamig_conn_stream_ops`; pass `opaque`
+ * (the connection) as each callback's first argument.
+ *
+ * A source gets `put_buffer`, `writev_buffer` and `close`; a destination
+ * gets `get_buffer` and `close`. The callbacks that do not fit the role are
+ * NULL (as QEMU's read-only and write-only files have no write or read
+ * function).
+ *
+ * The callbacks are the connection's `rdmamig_conn_put`,
+ * `rdmamig_conn_get` and `rdmamig_conn_flush` with `ssize_t` results: on
+ * failure they return `-EIO` (`-EINVAL` for a bad argument) and the message
+ * is available from `rdmamig_conn_error_message` (and the thread's
+ * `rdmamig_last_error_message`). `pos` is ignored: the stream is sequential.
+ * Like every non-`const` connection call, a callback needs exclusive use of
+ * the connection, and none may be called after `rdmamig_conn_close` or
+ * `rdmamig_conn_free`.
+ */
+typedef struct {
+  /**
+   * The connection: the first argument of every callback.
+   */
+  void *opaque;
+  /**
+   * Destination: reads up to `size` bytes of the stream into `buf`,
+   * waiting until at least one byte is there, and returns how many it
+   * read; 0 at the end of the stream (the source closed the connection and
+   * every byte was read); `-EIO` on failure.
+   */
+  ssize_t (*get_buffer)(void *opaque, uint8_t *buf, int64_t pos, size_t size);
+  /**
+   * Source: appends `size` bytes at `buf` to the stream and returns `size`;
+   * `-EIO` on failure.
+   */
+  ssize_t (*put_buffer)(void *opaque, const uint8_t *buf, int64_t pos, size_t size);
+  /**
+   * Source: appends the `iovcnt` buffers of `iov`, in order, and returns
+   * their total length; `-EIO` on failure (some of the bytes may have been
+   * appended), `-EINVAL` for a negative `iovcnt`, a NULL `iov` with
+   * `iovcnt > 0`, or a total that does not fit in `ssize_t`.
+   */
+  ssize_t (*writev_buffer)(void *opaque, const struct iovec *iov, int iovcnt, int64_t pos);
+  /**
+   * Source: sends every stream byte appended so far and waits until it is
+   * out (`rdmamig_conn_flush`); destination: does nothing. Returns 0, or
+   * `-EIO` on failure. It does not close or free the connection.
+   */
+  int (*close)(void *opaque);
+} rdmamig_stream_ops;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Copies the message of the last call made on this thread that failed into
+ * `buf` (of `len` bytes), `snprintf`-style: always NUL-terminated (when
+ * `len > 0`), truncated if needed, and returns the full length of the
+ * message, not counting the NUL. `(NULL, 0)` asks for the length.
+ *
+ * Every failing call of the connection API (`rdmamig_ram_*`,
+ * `rdmamig_listener_*`, `rdmamig_connect`, `rdmamig_conn_*`, the stream
+ * callbacks) sets it, including calls that fail for a NULL argument; the
+ * failures that have no handle to keep their message (`rdmamig_connect`,
+ * `rdmamig_listener_new`, `rdmamig_listener_accept`) have only this. A
+ * successful call does not clear it, like `errno`. Returns 0 (an empty
+ * message) if no call on this thread has failed yet. A panic
+ * (`RDMAMIG_ERR_PANIC`) does not set it: its message goes to stderr.
+ *
+ * Thread-safe: each thread has its own last error.
+ */
+size_t rdmamig_last_error_message(char *buf, size_t len);
 
 /**
  * A new config with the defaults: pin_all off, extensions on, protocol
@@ -184,6 +387,187 @@ rdmamig_status rdmamig_config_set_protocol_version(rdmamig_config *config,
 rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t timeout_ms);
 
 /**
+ * Connects, as the source, to a destination listening on `host:port` (a
+ * host name, an IPv4 or an IPv6 address of its RDMA device), negotiates the
+ * capabilities `config` offers and starts the connection's transfer thread.
+ *
+ * `ram` lists the guest RAM to migrate; it is copied, so it may be changed
+ * or freed afterwards, but its memory must stay mapped until
+ * `rdmamig_conn_free`. `config` is copied too. Waits at most the config's
+ * timeout.
+ *
+ * On `RDMAMIG_OK`, `*out` is the new connection (free it with
+ * `rdmamig_conn_free`); on failure `*out` is left unchanged and the message
+ * is available from `rdmamig_last_error_message`.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry, host not UTF-8);
+ * `RDMAMIG_ERR_CONNECT` (resolution, route, rejection);
+ * `RDMAMIG_ERR_VERSION`; `RDMAMIG_ERR_TIMEOUT`; `RDMAMIG_ERR_VERBS`;
+ * `RDMAMIG_ERR_NO_DEVICE`.
+ *
+ * Thread-safe (each call makes its own connection).
+ */
+rdmamig_status rdmamig_connect(const char *host,
+                               uint16_t port,
+                               const rdmamig_config *config,
+                               const rdmamig_ram *ram,
+                               rdmamig_conn **out);
+
+/**
+ * Frees a connection, closing it first if `rdmamig_conn_close` was not
+ * called: a source flushes the stream and disconnects (waiting for the
+ * queued work, at most the config's timeout per wait), a destination stops
+ * serving (an unfinished source gets an ERROR). If the source's final flush
+ * fails, its message becomes the thread's `rdmamig_last_error_message`.
+ *
+ * NULL is a no-op. Must not be called twice, nor while any other call is
+ * running on the connection. Afterwards the connection's RAM may be unmapped.
+ */
+void rdmamig_conn_free(rdmamig_conn *conn);
+
+/**
+ * Closes the connection and returns the outcome. A source flushes the
+ * stream, waits until everything queued is out, and disconnects; the status
+ * says whether that worked. A destination stops serving (an unfinished
+ * source gets an ERROR) and returns `RDMAMIG_OK`.
+ *
+ * Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
+ * valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close.
+ *
+ * Thread safety: needs exclusive use of `conn`.
+ */
+rdmamig_status rdmamig_conn_close(rdmamig_conn *conn);
+
+/**
+ * What the two sides agreed on when connecting: whether whole RAM blocks are
+ * registered up front (`*pin_all`, QEMU's x-rdma-pin-all) and whether both
+ * speak rdmamig's protocol extensions (`*extensions`; false when the peer is
+ * QEMU). Either output may be NULL.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`.
+ */
+rdmamig_status rdmamig_conn_negotiated(const rdmamig_conn *conn, bool *pin_all, bool *extensions);
+
+/**
+ * Source: opens an iteration window (one precopy round): `rdmamig_conn_save`
+ * is valid until `rdmamig_conn_iteration_end`. The first window also
+ * exchanges the RAM block lists. `RDMAMIG_ERR_STATE` if a window is open.
+ *
+ * Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
+ * be running).
+ */
+rdmamig_status rdmamig_conn_iteration_begin(rdmamig_conn *conn);
+
+/**
+ * Source: queues `length` bytes at `offset` (relative to the block start) of
+ * RAM block `block` (its index in the registry) for transfer, and returns at
+ * once: the transfer thread reads the memory later, so the bytes sent are
+ * what the memory holds then (at latest when `rdmamig_conn_iteration_end`
+ * returns). All-zero ranges are sent as such and not written. Valid only
+ * inside an iteration window (`RDMAMIG_ERR_STATE` otherwise);
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown block or a range outside it.
+ *
+ * Thread safety: may be called from several threads at once (e.g. one per
+ * dirty-bitmap slice), and concurrently with the other functions taking a
+ * `const rdmamig_conn *`; not concurrently with any other function.
+ */
+rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
+                                 uint32_t block,
+                                 uint64_t offset,
+                                 uint64_t length);
+
+/**
+ * Source: closes the iteration window: waits until every write queued in it
+ * has completed, then tells the destination (REGISTER_FINISHED), whose
+ * `rdmamig_conn_wait_iteration` then counts it.
+ *
+ * Thread safety: needs exclusive use of `conn` (every `rdmamig_conn_save`
+ * of the window must have returned).
+ */
+rdmamig_status rdmamig_conn_iteration_end(rdmamig_conn *conn);
+
+/**
+ * Source: appends `len` bytes at `data` to the device-state stream. The
+ * bytes are copied; they go out in pieces as they accumulate, the rest with
+ * `rdmamig_conn_flush`. `data` may be NULL when `len` is 0.
+ *
+ * Thread safety: needs exclusive use of `conn`.
+ */
+rdmamig_status rdmamig_conn_put(rdmamig_conn *conn, const void *data, size_t len);
+
+/**
+ * Source: sends every stream byte put so far and waits until it is out.
+ *
+ * Thread safety: needs exclusive use of `conn`.
+ */
+rdmamig_status rdmamig_conn_flush(rdmamig_conn *conn);
+
+/**
+ * Destination: reads device-state stream bytes into `buf` (of `len` bytes):
+ * waits until at least one byte is there (at most `timeout_ms`
+ * milliseconds; 0 waits for ever), copies up to `len` bytes and stores
+ * their number in `*read_out`. `len == 0` returns at once with 0 (`buf` may
+ * then be NULL).
+ *
+ * Once the source has closed the connection and every byte was read, returns
+ * `RDMAMIG_ERR_DISCONNECTED`: the end of the stream. After a failure,
+ * returns the connection's error; `RDMAMIG_ERR_TIMEOUT` when the wait ran
+ * out (nothing is lost: call again).
+ *
+ * Thread safety: needs exclusive use of `conn`.
+ */
+rdmamig_status rdmamig_conn_get(rdmamig_conn *conn,
+                                void *buf,
+                                size_t len,
+                                uint32_t timeout_ms,
+                                size_t *read_out);
+
+/**
+ * Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
+ * until at least `n` iteration windows have completed, i.e. all RAM the
+ * source saved in them is in place, and stores the number completed in
+ * `*done_out` (which may be NULL). `n == 0` returns at once.
+ *
+ * Returns `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
+ * `RDMAMIG_ERR_DISCONNECTED` when the source closed the connection before
+ * `n` windows completed, or the connection's error.
+ *
+ * Thread safety: needs exclusive use of `conn`.
+ */
+rdmamig_status rdmamig_conn_wait_iteration(rdmamig_conn *conn,
+                                           uint64_t n,
+                                           uint32_t timeout_ms,
+                                           uint64_t *done_out);
+
+/**
+ * Aborts the migration. A source's transfer thread sends ERROR to the
+ * destination and tears the connection down; a destination stops serving
+ * (sending ERROR to a source still migrating). Every later call on the
+ * connection fails (`RDMAMIG_ERR_ABORTED` or the error that ended it); free
+ * it with `rdmamig_conn_free`. Returns `RDMAMIG_OK`, or
+ * `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
+ *
+ * Thread safety: needs exclusive use of `conn`.
+ */
+rdmamig_status rdmamig_conn_abort(rdmamig_conn *conn);
+
+/**
+ * Copies the connection's last error message into `buf` (of `len` bytes),
+ * `snprintf`-style: always NUL-terminated (when `len > 0`), truncated if
+ * needed; returns the full length of the message, not counting the NUL.
+ * `(NULL, 0)` asks for the length.
+ *
+ * The message is that of the last call on this connection that failed, or,
+ * if none failed yet, of the failure that ended the connection in the
+ * library's thread; an empty message (0) if there is neither. Returns 0
+ * when `conn` is NULL.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`.
+ */
+size_t rdmamig_conn_error_message(const rdmamig_conn *conn, char *buf, size_t len);
+
+/**
  * Checks that an RDMA device can be opened, and says which.
  *
  * `name` selects a device by name (e.g. "rxe0", "mlx5_0"); NULL means the
@@ -201,6 +585,151 @@ rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t ti
  * Thread-safe.
  */
 rdmamig_status rdmamig_device_probe(const char *name, char *name_out, size_t name_out_len);
+
+/**
+ * Listens for sources on `host:port`. `host` is a host name, an IPv4 or an
+ * IPv6 address of an RDMA device ("0.0.0.0" for every IPv4 device); `port`
+ * 0 picks a free port (`rdmamig_listener_port` tells which). `config` is
+ * copied: what the destination allows (pin_all, extensions), the protocol
+ * version and the timeout apply to every accepted connection.
+ *
+ * On `RDMAMIG_OK`, `*out` is the new listener; on failure it is left
+ * unchanged and the message is available from `rdmamig_last_error_message`.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (host not UTF-8 or not resolvable);
+ * `RDMAMIG_ERR_VERBS` / `RDMAMIG_ERR_CONNECT` (cannot bind or listen, e.g. no
+ * RDMA device has that address, or the port is taken).
+ *
+ * Thread-safe.
+ */
+rdmamig_status rdmamig_listener_new(const char *host,
+                                    uint16_t port,
+                                    const rdmamig_config *config,
+                                    rdmamig_listener **out);
+
+/**
+ * The port the listener is bound to (the one picked when it was created
+ * with port 0). 0 when `listener` is NULL (which also sets
+ * `rdmamig_last_error_message`).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `listener`.
+ */
+uint16_t rdmamig_listener_port(const rdmamig_listener *listener);
+
+/**
+ * Frees a listener: no more sources can connect to it. Connections already
+ * accepted are not affected. NULL is a no-op. Must not be called twice, nor
+ * while an `rdmamig_listener_accept` on it is running.
+ */
+void rdmamig_listener_free(rdmamig_listener *listener);
+
+/**
+ * Waits for a source to connect (at most `timeout_ms` milliseconds; 0 waits
+ * for ever), accepts it as the destination, and starts the connection's
+ * service thread, which serves the source from then on (registrations,
+ * zero ranges, iteration ends, buffering the stream) without the
+ * hypervisor's help.
+ *
+ * `ram` lists this side's guest RAM, into which the source writes; it is
+ * copied, so it may be changed or freed afterwards, but its memory must
+ * stay mapped until `rdmamig_conn_free`. For a QEMU source the blocks must
+ * be in the source's order.
+ *
+ * On `RDMAMIG_OK`, `*out` is the new connection (free it with
+ * `rdmamig_conn_free`); on failure `*out` is left unchanged and the message
+ * is available from `rdmamig_last_error_message`.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
+ * (no source came); `RDMAMIG_ERR_VERSION` (the source speaks another protocol
+ * version: it was rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
+ * `RDMAMIG_ERR_VERBS`.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `listener`
+ * and of `ram`.
+ */
+rdmamig_status rdmamig_listener_accept(const rdmamig_listener *listener,
+                                       const rdmamig_ram *ram,
+                                       uint32_t timeout_ms,
+                                       rdmamig_conn **out);
+
+/**
+ * A new, empty RAM registry.
+ *
+ * Returns NULL only if rdmamig panicked. Free with `rdmamig_ram_free`.
+ */
+rdmamig_ram *rdmamig_ram_new(void);
+
+/**
+ * Frees a RAM registry. NULL is a no-op. Must not be called twice on the
+ * same registry. Connections made with it keep their own copy.
+ */
+void rdmamig_ram_free(rdmamig_ram *ram);
+
+/**
+ * Adds a block of guest RAM: `length` bytes of host memory at `host`, at
+ * `offset` in the hypervisor's RAM address space (QEMU's ram_addr_t), named
+ * `name` (UTF-8, 1 to 63 bytes, unique in the registry).
+ *
+ * On `RDMAMIG_OK` the block's index is stored in `*index_out`, which may be
+ * NULL when the caller does not need it; indexes count from 0 in the order
+ * blocks were added.
+ *
+ * Memory: `host .. host + length` must stay mapped, readable and writable
+ * for as long as any connection created with this registry exists (until
+ * its `rdmamig_conn_free`): the library reads it (source) or writes into it
+ * (destination, including with RDMA from the peer) in its own threads. The
+ * guest may keep running and writing to it on a source.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER` when `ram` or `name` is
+ * NULL; `RDMAMIG_ERR_INVALID_ARGUMENT` for a bad name (empty, too long, not
+ * UTF-8, already added), a NULL `host`, a zero `length` or a range that
+ * wraps around. The message of a failure is available from
+ * `rdmamig_last_error_message`.
+ *
+ * Thread safety: needs exclusive use of `ram`.
+ */
+rdmamig_status rdmamig_ram_add_block(rdmamig_ram *ram,
+                                     const char *name,
+                                     void *host,
+                                     uint64_t offset,
+                                     uint64_t length,
+                                     uint32_t *index_out);
+
+/**
+ * The number of blocks in the registry; 0 when `ram` is NULL (which also
+ * sets `rdmamig_last_error_message`).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `ram`.
+ */
+uint32_t rdmamig_ram_block_count(const rdmamig_ram *ram);
+
+/**
+ * Fills `out` with the connection's counters (see `rdmamig_stats`): set
+ * `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
+ * fit in `out->size` bytes are filled and `out->size` is set to the bytes
+ * filled. A `size` below `RDMAMIG_STATS_SIZE_V1` gives
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` and writes nothing; a closed connection
+ * gives `RDMAMIG_ERR_STATE` (read the counters before `rdmamig_conn_close`).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`
+ * (e.g. from a monitoring thread while `rdmamig_conn_save` runs).
+ */
+rdmamig_status rdmamig_conn_get_stats(const rdmamig_conn *conn, rdmamig_stats *out);
+
+/**
+ * Fills `*out` with the stream callbacks of `conn` (`opaque` = `conn`):
+ * `put_buffer`, `writev_buffer` and `close` for a source, `get_buffer` and
+ * `close` for a destination, NULL for the others. The table stays valid
+ * until `rdmamig_conn_close` or `rdmamig_conn_free`.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`; `RDMAMIG_ERR_STATE`
+ * after `rdmamig_conn_close`.
+ *
+ * Thread safety: needs exclusive use of `conn`, as do the callbacks.
+ */
+rdmamig_status rdmamig_conn_stream_ops(rdmamig_conn *conn, rdmamig_stream_ops *out);
 
 /**
  * The version of the library actually loaded, as "MAJOR.MINOR.PATCH" (the same

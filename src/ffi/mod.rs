@@ -28,10 +28,16 @@ mod macros;
 pub(crate) mod boundary;
 pub(crate) mod buffer;
 pub(crate) mod handle;
+pub(crate) mod last_error;
 pub(crate) mod status;
 
 pub mod config;
+pub mod conn;
 pub mod device;
+pub mod listener;
+pub mod ram;
+pub mod stats;
+pub mod stream;
 pub mod version;
 
 /// The checked-in header agrees with the crate (scripts/check-header.sh also

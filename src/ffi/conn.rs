@@ -1,0 +1,557 @@
+//! `rdmamig_conn`: one migration connection, either role; `rdmamig_connect`.
+
+use std::os::raw::{c_char, c_void};
+
+use parking_lot::Mutex;
+
+use super::buffer::copy_to_c_buf;
+use super::config::rdmamig_config;
+use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, try_from_mut_ptr, try_from_ptr, Castable};
+use super::last_error::{
+    bytes, bytes_mut, handle, opt_out, out_ref, record, set_last_error, string, timeout_of, Failure,
+};
+use super::ram::rdmamig_ram;
+use super::status::rdmamig_status;
+use crate::engine::{Destination, Source, Stats};
+
+/// One end of a migration connection: a source (made by `rdmamig_connect`)
+/// or a destination (made by `rdmamig_listener_accept`). A call that does
+/// not fit the connection's role returns `RDMAMIG_ERR_STATE`.
+///
+/// Errors: every failing call keeps its message in the connection
+/// (`rdmamig_conn_error_message`) and in the thread's last error
+/// (`rdmamig_last_error_message`). Once the connection failed (peer error,
+/// disconnect, timeout, `rdmamig_conn_abort`), every later call returns that
+/// same error.
+///
+/// Ownership: free with `rdmamig_conn_free`, which also closes the
+/// connection. The RAM registered for it must stay mapped until then.
+///
+/// Thread safety: `rdmamig_conn_save` may be called from several threads at
+/// once, and concurrently with the other functions that take a `const
+/// rdmamig_conn *` (`rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
+/// `rdmamig_conn_error_message`). Every other function, and the callbacks of
+/// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
+/// may run on the same connection at the same time. The library's own thread
+/// (one per connection) makes progress without the hypervisor and calls
+/// nothing back.
+pub struct rdmamig_conn {
+    _private: [u8; 0],
+}
+
+impl Castable for rdmamig_conn {
+    type RustType = Conn;
+}
+
+pub(crate) enum Role {
+    Source(Source),
+    Destination(Destination),
+    /// After `rdmamig_conn_close`.
+    Closed,
+}
+
+/// What an `rdmamig_conn` points to.
+pub(crate) struct Conn {
+    role: Role,
+    /// The message of the last failed call on this connection.
+    last_error: Mutex<Option<String>>,
+}
+
+/// `rdmamig_conn_save` runs concurrently on one `&Source`.
+const _: () = {
+    const fn is_sync<T: Sync>() {}
+    is_sync::<Source>();
+    is_sync::<Destination>();
+};
+
+impl Conn {
+    pub(crate) fn new(role: Role) -> Self {
+        Conn { role, last_error: Mutex::new(None) }
+    }
+
+    /// Runs `body`; on failure keeps its message here and as the thread's
+    /// last error. Returns the status.
+    pub(crate) fn run(&self, body: impl FnOnce(&Self) -> Result<(), Failure>) -> rdmamig_status {
+        let r = body(self);
+        self.status(r)
+    }
+
+    /// As [`Conn::run`], for calls that need exclusive use.
+    pub(crate) fn run_mut(&mut self, body: impl FnOnce(&mut Self) -> Result<(), Failure>) -> rdmamig_status {
+        let r = body(self);
+        self.status(r)
+    }
+
+    fn status(&self, r: Result<(), Failure>) -> rdmamig_status {
+        match r {
+            Ok(()) => rdmamig_status::RDMAMIG_OK,
+            Err(f) => {
+                set_last_error(&f.message);
+                *self.last_error.lock() = Some(f.message);
+                f.status
+            }
+        }
+    }
+
+    fn wrong_role(&self, func: &str, wanted: &str) -> Failure {
+        match self.role {
+            Role::Closed => Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid")),
+            Role::Source(_) => Failure::state(format!("{func}: needs a {wanted} connection, this one is a source")),
+            Role::Destination(_) => {
+                Failure::state(format!("{func}: needs a {wanted} connection, this one is a destination"))
+            }
+        }
+    }
+
+    pub(crate) fn source(&self, func: &str) -> Result<&Source, Failure> {
+        match &self.role {
+            Role::Source(s) => Ok(s),
+            _ => Err(self.wrong_role(func, "source")),
+        }
+    }
+
+    pub(crate) fn source_mut(&mut self, func: &str) -> Result<&mut Source, Failure> {
+        if !self.is_source() {
+            return Err(self.wrong_role(func, "source"));
+        }
+        match &mut self.role {
+            Role::Source(s) => Ok(s),
+            _ => unreachable!(),
+        }
+    }
+
+    pub(crate) fn destination(&self, func: &str) -> Result<&Destination, Failure> {
+        match &self.role {
+            Role::Destination(d) => Ok(d),
+            _ => Err(self.wrong_role(func, "destination")),
+        }
+    }
+
+    pub(crate) fn is_source(&self) -> bool {
+        matches!(self.role, Role::Source(_))
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(self.role, Role::Closed)
+    }
+
+    pub(crate) fn stats(&self, func: &str) -> Result<Stats, Failure> {
+        match &self.role {
+            Role::Source(s) => Ok(s.stats()),
+            Role::Destination(d) => Ok(d.stats()),
+            Role::Closed => Err(self.wrong_role(func, "open")),
+        }
+    }
+
+    /// The last failed call's message, else the connection's stored failure.
+    fn error_message(&self) -> Option<String> {
+        if let Some(m) = self.last_error.lock().clone() {
+            return Some(m);
+        }
+        match &self.role {
+            Role::Source(s) => s.error().map(|e| e.message),
+            Role::Destination(d) => d.error().map(|e| e.message),
+            Role::Closed => None,
+        }
+    }
+
+    /// Closes: a source flushes and disconnects, a destination stops serving.
+    fn close(&mut self, func: &str) -> Result<(), Failure> {
+        match std::mem::replace(&mut self.role, Role::Closed) {
+            Role::Source(s) => Ok(s.close()?),
+            Role::Destination(d) => {
+                d.close();
+                Ok(())
+            }
+            Role::Closed => Err(self.wrong_role(func, "open")),
+        }
+    }
+}
+
+/// The connection behind a `const` handle; NULL fails (thread's last error only).
+macro_rules! conn_ref {
+    ($conn:ident, $func:expr) => {
+        match try_from_ptr($conn) {
+            Some(c) => c,
+            None => return record(|| Err(Failure::null($func, "conn"))),
+        }
+    };
+}
+
+/// The connection behind a non-`const` handle; NULL as in `conn_ref!`.
+macro_rules! conn_mut {
+    ($conn:ident, $func:expr) => {
+        match try_from_mut_ptr($conn) {
+            Some(c) => c,
+            None => return record(|| Err(Failure::null($func, "conn"))),
+        }
+    };
+}
+
+/// Connects, as the source, to a destination listening on `host:port` (a
+/// host name, an IPv4 or an IPv6 address of its RDMA device), negotiates the
+/// capabilities `config` offers and starts the connection's transfer thread.
+///
+/// `ram` lists the guest RAM to migrate; it is copied, so it may be changed
+/// or freed afterwards, but its memory must stay mapped until
+/// `rdmamig_conn_free`. `config` is copied too. Waits at most the config's
+/// timeout.
+///
+/// On `RDMAMIG_OK`, `*out` is the new connection (free it with
+/// `rdmamig_conn_free`); on failure `*out` is left unchanged and the message
+/// is available from `rdmamig_last_error_message`.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry, host not UTF-8);
+/// `RDMAMIG_ERR_CONNECT` (resolution, route, rejection);
+/// `RDMAMIG_ERR_VERSION`; `RDMAMIG_ERR_TIMEOUT`; `RDMAMIG_ERR_VERBS`;
+/// `RDMAMIG_ERR_NO_DEVICE`.
+///
+/// Thread-safe (each call makes its own connection).
+#[no_mangle]
+pub extern "C" fn rdmamig_connect(
+    host: *const c_char,
+    port: u16,
+    config: *const rdmamig_config,
+    ram: *const rdmamig_ram,
+    out: *mut *mut rdmamig_conn,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_connect";
+        record(|| {
+            let host = string(host, F, "host")?;
+            let config = handle(config, F, "config")?;
+            let ram = handle(ram, F, "ram")?;
+            let out = out_ref(out, F, "out")?;
+            let source = Source::connect(host, port, config, ram)?;
+            *out = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Source(source)));
+            Ok(())
+        })
+    }
+}
+
+/// Frees a connection, closing it first if `rdmamig_conn_close` was not
+/// called: a source flushes the stream and disconnects (waiting for the
+/// queued work, at most the config's timeout per wait), a destination stops
+/// serving (an unfinished source gets an ERROR). If the source's final flush
+/// fails, its message becomes the thread's `rdmamig_last_error_message`.
+///
+/// NULL is a no-op. Must not be called twice, nor while any other call is
+/// running on the connection. Afterwards the connection's RAM may be unmapped.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
+    ffi_boundary! {
+        if let Some(mut conn) = try_box_from_ptr(conn) {
+            if !conn.is_closed() {
+                let _ = conn.run_mut(|c| c.close("rdmamig_conn_free"));
+            }
+        }
+    }
+}
+
+/// Closes the connection and returns the outcome. A source flushes the
+/// stream, waits until everything queued is out, and disconnects; the status
+/// says whether that worked. A destination stops serving (an unfinished
+/// source gets an ERROR) and returns `RDMAMIG_OK`.
+///
+/// Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
+/// valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close.
+///
+/// Thread safety: needs exclusive use of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_close(conn: *mut rdmamig_conn) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_close";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| c.close(F))
+    }
+}
+
+/// What the two sides agreed on when connecting: whether whole RAM blocks are
+/// registered up front (`*pin_all`, QEMU's x-rdma-pin-all) and whether both
+/// speak rdmamig's protocol extensions (`*extensions`; false when the peer is
+/// QEMU). Either output may be NULL.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_negotiated(
+    conn: *const rdmamig_conn,
+    pin_all: *mut bool,
+    extensions: *mut bool,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_negotiated";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
+            let n = match &c.role {
+                Role::Source(s) => s.negotiated(),
+                Role::Destination(d) => d.negotiated(),
+                Role::Closed => return Err(c.wrong_role(F, "open")),
+            };
+            if let Some(p) = opt_out(pin_all) {
+                *p = n.pin_all;
+            }
+            if let Some(e) = opt_out(extensions) {
+                *e = n.extensions;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Source: opens an iteration window (one precopy round): `rdmamig_conn_save`
+/// is valid until `rdmamig_conn_iteration_end`. The first window also
+/// exchanges the RAM block lists. `RDMAMIG_ERR_STATE` if a window is open.
+///
+/// Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
+/// be running).
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_iteration_begin(conn: *mut rdmamig_conn) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_iteration_begin";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| Ok(c.source_mut(F)?.iteration_begin()?))
+    }
+}
+
+/// Source: queues `length` bytes at `offset` (relative to the block start) of
+/// RAM block `block` (its index in the registry) for transfer, and returns at
+/// once: the transfer thread reads the memory later, so the bytes sent are
+/// what the memory holds then (at latest when `rdmamig_conn_iteration_end`
+/// returns). All-zero ranges are sent as such and not written. Valid only
+/// inside an iteration window (`RDMAMIG_ERR_STATE` otherwise);
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown block or a range outside it.
+///
+/// Thread safety: may be called from several threads at once (e.g. one per
+/// dirty-bitmap slice), and concurrently with the other functions taking a
+/// `const rdmamig_conn *`; not concurrently with any other function.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_save(conn: *const rdmamig_conn, block: u32, offset: u64, length: u64) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_save";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| Ok(c.source(F)?.save(block, offset, length)?))
+    }
+}
+
+/// Source: closes the iteration window: waits until every write queued in it
+/// has completed, then tells the destination (REGISTER_FINISHED), whose
+/// `rdmamig_conn_wait_iteration` then counts it.
+///
+/// Thread safety: needs exclusive use of `conn` (every `rdmamig_conn_save`
+/// of the window must have returned).
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_iteration_end(conn: *mut rdmamig_conn) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_iteration_end";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| Ok(c.source_mut(F)?.iteration_end()?))
+    }
+}
+
+/// Source: appends `len` bytes at `data` to the device-state stream. The
+/// bytes are copied; they go out in pieces as they accumulate, the rest with
+/// `rdmamig_conn_flush`. `data` may be NULL when `len` is 0.
+///
+/// Thread safety: needs exclusive use of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_put(conn: *mut rdmamig_conn, data: *const c_void, len: usize) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_put";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| {
+            let data = bytes(data.cast::<u8>(), len, F, "data")?;
+            Ok(c.source_mut(F)?.put(data)?)
+        })
+    }
+}
+
+/// Source: sends every stream byte put so far and waits until it is out.
+///
+/// Thread safety: needs exclusive use of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_flush";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| Ok(c.source_mut(F)?.flush()?))
+    }
+}
+
+/// Destination: reads device-state stream bytes into `buf` (of `len` bytes):
+/// waits until at least one byte is there (at most `timeout_ms`
+/// milliseconds; 0 waits for ever), copies up to `len` bytes and stores
+/// their number in `*read_out`. `len == 0` returns at once with 0 (`buf` may
+/// then be NULL).
+///
+/// Once the source has closed the connection and every byte was read, returns
+/// `RDMAMIG_ERR_DISCONNECTED`: the end of the stream. After a failure,
+/// returns the connection's error; `RDMAMIG_ERR_TIMEOUT` when the wait ran
+/// out (nothing is lost: call again).
+///
+/// Thread safety: needs exclusive use of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_get(
+    conn: *mut rdmamig_conn,
+    buf: *mut c_void,
+    len: usize,
+    timeout_ms: u32,
+    read_out: *mut usize,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_get";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| {
+            let buf = bytes_mut(buf.cast::<u8>(), len, F, "buf")?;
+            let read_out = out_ref(read_out, F, "read_out")?;
+            *read_out = c.destination(F)?.get(buf, timeout_of(timeout_ms))?;
+            Ok(())
+        })
+    }
+}
+
+/// Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
+/// until at least `n` iteration windows have completed, i.e. all RAM the
+/// source saved in them is in place, and stores the number completed in
+/// `*done_out` (which may be NULL). `n == 0` returns at once.
+///
+/// Returns `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
+/// `RDMAMIG_ERR_DISCONNECTED` when the source closed the connection before
+/// `n` windows completed, or the connection's error.
+///
+/// Thread safety: needs exclusive use of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_wait_iteration(
+    conn: *mut rdmamig_conn,
+    n: u64,
+    timeout_ms: u32,
+    done_out: *mut u64,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_wait_iteration";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| {
+            let done = c.destination(F)?.wait_iteration(n, timeout_of(timeout_ms))?;
+            if let Some(d) = opt_out(done_out) {
+                *d = done;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Aborts the migration. A source's transfer thread sends ERROR to the
+/// destination and tears the connection down; a destination stops serving
+/// (sending ERROR to a source still migrating). Every later call on the
+/// connection fails (`RDMAMIG_ERR_ABORTED` or the error that ended it); free
+/// it with `rdmamig_conn_free`. Returns `RDMAMIG_OK`, or
+/// `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
+///
+/// Thread safety: needs exclusive use of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_abort(conn: *mut rdmamig_conn) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_abort";
+        let conn = conn_mut!(conn, F);
+        conn.run_mut(|c| {
+            match &c.role {
+                Role::Source(s) => s.abort(),
+                Role::Destination(d) => d.close(),
+                Role::Closed => return Err(c.wrong_role(F, "open")),
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Copies the connection's last error message into `buf` (of `len` bytes),
+/// `snprintf`-style: always NUL-terminated (when `len > 0`), truncated if
+/// needed; returns the full length of the message, not counting the NUL.
+/// `(NULL, 0)` asks for the length.
+///
+/// The message is that of the last call on this connection that failed, or,
+/// if none failed yet, of the failure that ended the connection in the
+/// library's thread; an empty message (0) if there is neither. Returns 0
+/// when `conn` is NULL.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_error_message(conn: *const rdmamig_conn, buf: *mut c_char, len: usize) -> usize {
+    ffi_boundary! {
+        match try_from_ptr(conn) {
+            Some(conn) => copy_to_c_buf(conn.error_message().as_deref().unwrap_or(""), buf, len),
+            None => {
+                set_last_error("rdmamig_conn_error_message: conn is NULL");
+                copy_to_c_buf("", buf, len)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmamig_status::*;
+    use std::ptr::{null, null_mut};
+
+    fn message(conn: *const rdmamig_conn) -> String {
+        let mut buf = [0 as c_char; 256];
+        let n = rdmamig_conn_error_message(conn, buf.as_mut_ptr(), buf.len());
+        assert!(n < buf.len());
+        buf[..n].iter().map(|&c| c as u8 as char).collect()
+    }
+
+    #[test]
+    fn null_conn() {
+        let n = null_mut();
+        assert_eq!(rdmamig_conn_close(n), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_negotiated(n, null_mut(), null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_iteration_begin(n), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_save(n, 0, 0, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_iteration_end(n), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_put(n, null(), 0), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_flush(n), RDMAMIG_ERR_NULL_PARAMETER);
+        let mut read = 0;
+        assert_eq!(rdmamig_conn_get(n, null_mut(), 0, 0, &mut read), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_wait_iteration(n, 1, 1, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_abort(n), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_error_message(n, null_mut(), 0), 0);
+        rdmamig_conn_free(n);
+        let mut out = null_mut();
+        assert_eq!(rdmamig_connect(null(), 1, null(), null(), &mut out), RDMAMIG_ERR_NULL_PARAMETER);
+        assert!(out.is_null());
+    }
+
+    #[test]
+    fn connect_argument_checks() {
+        let config = crate::ffi::config::rdmamig_config_new();
+        let ram = crate::ffi::ram::rdmamig_ram_new();
+        let mut out = null_mut();
+        assert_eq!(rdmamig_connect(c"127.0.0.1".as_ptr(), 1, config, ram, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_connect(c"127.0.0.1".as_ptr(), 1, null(), ram, &mut out), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_connect(c"\xff".as_ptr(), 1, config, ram, &mut out), RDMAMIG_ERR_INVALID_ARGUMENT);
+        // An empty registry is refused before any device is touched.
+        assert_eq!(rdmamig_connect(c"127.0.0.1".as_ptr(), 1, config, ram, &mut out), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        crate::ffi::ram::rdmamig_ram_free(ram);
+        crate::ffi::config::rdmamig_config_free(config);
+    }
+
+    #[test]
+    fn closed_conn_gives_state_and_keeps_the_message() {
+        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Closed));
+        assert_eq!(message(conn), "");
+        assert_eq!(rdmamig_conn_iteration_begin(conn), RDMAMIG_ERR_STATE);
+        assert!(message(conn).contains("closed"), "{}", message(conn));
+        assert_eq!(rdmamig_conn_save(conn, 0, 0, 1), RDMAMIG_ERR_STATE);
+        let mut read = 0;
+        let mut buf = [0u8; 4];
+        assert_eq!(rdmamig_conn_get(conn, buf.as_mut_ptr().cast(), 4, 1, &mut read), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_get(conn, null_mut(), 4, 1, &mut read), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(message(conn), "rdmamig_conn_get: buf is NULL");
+        assert_eq!(rdmamig_conn_close(conn), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_abort(conn), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_negotiated(conn, null_mut(), null_mut()), RDMAMIG_ERR_STATE);
+        rdmamig_conn_free(conn);
+    }
+}

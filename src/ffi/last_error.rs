@@ -1,0 +1,176 @@
+//! Error messages for C: the thread-local last error (`rdmamig_last_error_message`)
+//! and the [`Failure`] plumbing the migration functions use to record a
+//! message before returning its status.
+//!
+//! A function body that can fail with a message is written as a closure
+//! returning `Result<T, Failure>` and run by [`record`] (no handle) or by the
+//! connection's own recorder (`conn.rs`), which store the message and return
+//! the status. The pointer helpers below are the message-keeping flavour of
+//! `try_ref!`/`try_cstr!`/...: same checks, same statuses.
+
+use std::cell::RefCell;
+use std::os::raw::c_char;
+use std::time::Duration;
+
+use super::buffer::copy_to_c_buf;
+use super::handle::{opt_str_from_ptr, try_from_mut_ptr, try_from_ptr, try_slice, try_slice_mut, Castable};
+use super::status::rdmamig_status;
+use crate::Error;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Makes `message` this thread's last error message.
+pub(crate) fn set_last_error(message: &str) {
+    LAST_ERROR.with(|last| {
+        let mut last = last.borrow_mut();
+        last.clear();
+        last.push_str(message);
+    });
+}
+
+/// A failed call: the status to return and the message to keep.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub status: rdmamig_status,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(status: rdmamig_status, message: impl Into<String>) -> Self {
+        Failure { status, message: message.into() }
+    }
+
+    /// `RDMAMIG_ERR_NULL_PARAMETER`: "`func`: `arg` is NULL".
+    pub fn null(func: &str, arg: &str) -> Self {
+        Self::new(rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER, format!("{func}: {arg} is NULL"))
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT, message)
+    }
+
+    pub fn state(message: impl Into<String>) -> Self {
+        Self::new(rdmamig_status::RDMAMIG_ERR_STATE, message)
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure { status: e.kind.into(), message: e.message }
+    }
+}
+
+/// Runs `body`; on failure keeps its message as this thread's last error.
+/// Returns the status.
+pub(crate) fn record(body: impl FnOnce() -> Result<(), Failure>) -> rdmamig_status {
+    match body() {
+        Ok(()) => rdmamig_status::RDMAMIG_OK,
+        Err(f) => {
+            set_last_error(&f.message);
+            f.status
+        }
+    }
+}
+
+/// `&RustType` behind a handle; NULL fails with `RDMAMIG_ERR_NULL_PARAMETER`.
+pub(crate) fn handle<'a, C: Castable>(ptr: *const C, func: &str, arg: &str) -> Result<&'a C::RustType, Failure> {
+    try_from_ptr(ptr).ok_or_else(|| Failure::null(func, arg))
+}
+
+/// `&mut RustType` behind a handle; NULL as in [`handle`].
+pub(crate) fn handle_mut<'a, C: Castable>(ptr: *mut C, func: &str, arg: &str) -> Result<&'a mut C::RustType, Failure> {
+    try_from_mut_ptr(ptr).ok_or_else(|| Failure::null(func, arg))
+}
+
+/// A caller's output variable; NULL as in [`handle`].
+pub(crate) fn out_ref<'a, T>(ptr: *mut T, func: &str, arg: &str) -> Result<&'a mut T, Failure> {
+    // SAFETY: the C caller passes a valid, writable, aligned `T` (or NULL).
+    unsafe { ptr.as_mut() }.ok_or_else(|| Failure::null(func, arg))
+}
+
+/// An optional output variable: `None` for NULL.
+pub(crate) fn opt_out<'a, T>(ptr: *mut T) -> Option<&'a mut T> {
+    // SAFETY: as in `out_ref`.
+    unsafe { ptr.as_mut() }
+}
+
+/// A required C string; NULL as in [`handle`], not UTF-8 gives `RDMAMIG_ERR_INVALID_ARGUMENT`.
+pub(crate) fn string<'a>(ptr: *const c_char, func: &str, arg: &str) -> Result<&'a str, Failure> {
+    match opt_str_from_ptr(ptr) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(Failure::null(func, arg)),
+        Err(()) => Err(Failure::invalid(format!("{func}: {arg} is not UTF-8"))),
+    }
+}
+
+/// `(ptr, len)` as bytes; NULL with `len > 0` as in [`handle`].
+pub(crate) fn bytes<'a>(ptr: *const u8, len: usize, func: &str, arg: &str) -> Result<&'a [u8], Failure> {
+    try_slice(ptr, len).ok_or_else(|| Failure::null(func, arg))
+}
+
+/// `(ptr, len)` as writable bytes; NULL with `len > 0` as in [`handle`].
+pub(crate) fn bytes_mut<'a>(ptr: *mut u8, len: usize, func: &str, arg: &str) -> Result<&'a mut [u8], Failure> {
+    try_slice_mut(ptr, len).ok_or_else(|| Failure::null(func, arg))
+}
+
+/// The C convention for waits: 0 means for ever.
+pub(crate) fn timeout_of(ms: u32) -> Option<Duration> {
+    (ms != 0).then(|| Duration::from_millis(u64::from(ms)))
+}
+
+/// Copies the message of the last call made on this thread that failed into
+/// `buf` (of `len` bytes), `snprintf`-style: always NUL-terminated (when
+/// `len > 0`), truncated if needed, and returns the full length of the
+/// message, not counting the NUL. `(NULL, 0)` asks for the length.
+///
+/// Every failing call of the connection API (`rdmamig_ram_*`,
+/// `rdmamig_listener_*`, `rdmamig_connect`, `rdmamig_conn_*`, the stream
+/// callbacks) sets it, including calls that fail for a NULL argument; the
+/// failures that have no handle to keep their message (`rdmamig_connect`,
+/// `rdmamig_listener_new`, `rdmamig_listener_accept`) have only this. A
+/// successful call does not clear it, like `errno`. Returns 0 (an empty
+/// message) if no call on this thread has failed yet. A panic
+/// (`RDMAMIG_ERR_PANIC`) does not set it: its message goes to stderr.
+///
+/// Thread-safe: each thread has its own last error.
+#[no_mangle]
+pub extern "C" fn rdmamig_last_error_message(buf: *mut c_char, len: usize) -> usize {
+    ffi_boundary! {
+        LAST_ERROR.with(|last| copy_to_c_buf(&last.borrow(), buf, len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn last() -> String {
+        let n = rdmamig_last_error_message(std::ptr::null_mut(), 0);
+        let mut buf = vec![0 as c_char; n + 1];
+        assert_eq!(rdmamig_last_error_message(buf.as_mut_ptr(), buf.len()), n);
+        let bytes: Vec<u8> = buf[..n].iter().map(|&c| c as u8).collect();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn record_keeps_the_message_per_thread() {
+        assert_eq!(record(|| Ok(())), rdmamig_status::RDMAMIG_OK);
+        let s = record(|| Err(Failure::null("rdmamig_x", "out")));
+        assert_eq!(s, rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(last(), "rdmamig_x: out is NULL");
+        assert_eq!(record(|| Ok(())), rdmamig_status::RDMAMIG_OK);
+        assert_eq!(last(), "rdmamig_x: out is NULL", "success does not clear it");
+        std::thread::spawn(|| assert_eq!(last(), "")).join().unwrap();
+        let s = record(|| Err(Error::new(ErrorKind::Timeout, "slow").into()));
+        assert_eq!((s, last().as_str()), (rdmamig_status::RDMAMIG_ERR_TIMEOUT, "slow"));
+    }
+
+    #[test]
+    fn timeouts() {
+        assert_eq!(timeout_of(0), None);
+        assert_eq!(timeout_of(1500), Some(Duration::from_millis(1500)));
+    }
+}

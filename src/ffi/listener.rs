@@ -1,0 +1,168 @@
+//! `rdmamig_listener`: a destination's listening endpoint; accepting a source.
+
+use std::os::raw::c_char;
+
+use super::config::rdmamig_config;
+use super::conn::{rdmamig_conn, Conn, Role};
+use super::handle::{free_box, to_boxed_mut_ptr, try_from_ptr, Castable};
+use super::last_error::{handle, out_ref, record, set_last_error, string, timeout_of};
+use super::ram::rdmamig_ram;
+use super::status::rdmamig_status;
+use crate::engine::{Destination, Listener};
+
+/// A destination's listening rdma_cm endpoint, bound to the address of an
+/// RDMA device.
+///
+/// Create with `rdmamig_listener_new`, take connections with
+/// `rdmamig_listener_accept`, free with `rdmamig_listener_free`. Accepted
+/// connections are independent of it: the listener may be freed while they
+/// run.
+///
+/// Thread safety: `rdmamig_listener_port` and `rdmamig_listener_accept` take
+/// a `const` pointer and may run concurrently (each accept takes a different
+/// connection request); nothing may run concurrently with
+/// `rdmamig_listener_free`.
+pub struct rdmamig_listener {
+    _private: [u8; 0],
+}
+
+impl Castable for rdmamig_listener {
+    type RustType = Listener;
+}
+
+/// Listens for sources on `host:port`. `host` is a host name, an IPv4 or an
+/// IPv6 address of an RDMA device ("0.0.0.0" for every IPv4 device); `port`
+/// 0 picks a free port (`rdmamig_listener_port` tells which). `config` is
+/// copied: what the destination allows (pin_all, extensions), the protocol
+/// version and the timeout apply to every accepted connection.
+///
+/// On `RDMAMIG_OK`, `*out` is the new listener; on failure it is left
+/// unchanged and the message is available from `rdmamig_last_error_message`.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` (host not UTF-8 or not resolvable);
+/// `RDMAMIG_ERR_VERBS` / `RDMAMIG_ERR_CONNECT` (cannot bind or listen, e.g. no
+/// RDMA device has that address, or the port is taken).
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn rdmamig_listener_new(
+    host: *const c_char,
+    port: u16,
+    config: *const rdmamig_config,
+    out: *mut *mut rdmamig_listener,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_listener_new";
+        record(|| {
+            let host = string(host, F, "host")?;
+            let config = handle(config, F, "config")?;
+            let out = out_ref(out, F, "out")?;
+            *out = to_boxed_mut_ptr::<rdmamig_listener>(Listener::bind(host, port, config)?);
+            Ok(())
+        })
+    }
+}
+
+/// The port the listener is bound to (the one picked when it was created
+/// with port 0). 0 when `listener` is NULL (which also sets
+/// `rdmamig_last_error_message`).
+///
+/// Thread safety: may run concurrently with other `const` uses of `listener`.
+#[no_mangle]
+pub extern "C" fn rdmamig_listener_port(listener: *const rdmamig_listener) -> u16 {
+    ffi_boundary! {
+        match try_from_ptr(listener) {
+            Some(l) => l.port(),
+            None => {
+                set_last_error("rdmamig_listener_port: listener is NULL");
+                0
+            }
+        }
+    }
+}
+
+/// Frees a listener: no more sources can connect to it. Connections already
+/// accepted are not affected. NULL is a no-op. Must not be called twice, nor
+/// while an `rdmamig_listener_accept` on it is running.
+#[no_mangle]
+pub extern "C" fn rdmamig_listener_free(listener: *mut rdmamig_listener) {
+    ffi_boundary! {
+        free_box(listener)
+    }
+}
+
+/// Waits for a source to connect (at most `timeout_ms` milliseconds; 0 waits
+/// for ever), accepts it as the destination, and starts the connection's
+/// service thread, which serves the source from then on (registrations,
+/// zero ranges, iteration ends, buffering the stream) without the
+/// hypervisor's help.
+///
+/// `ram` lists this side's guest RAM, into which the source writes; it is
+/// copied, so it may be changed or freed afterwards, but its memory must
+/// stay mapped until `rdmamig_conn_free`. For a QEMU source the blocks must
+/// be in the source's order.
+///
+/// On `RDMAMIG_OK`, `*out` is the new connection (free it with
+/// `rdmamig_conn_free`); on failure `*out` is left unchanged and the message
+/// is available from `rdmamig_last_error_message`.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
+/// (no source came); `RDMAMIG_ERR_VERSION` (the source speaks another protocol
+/// version: it was rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
+/// `RDMAMIG_ERR_VERBS`.
+///
+/// Thread safety: may run concurrently with other `const` uses of `listener`
+/// and of `ram`.
+#[no_mangle]
+pub extern "C" fn rdmamig_listener_accept(
+    listener: *const rdmamig_listener,
+    ram: *const rdmamig_ram,
+    timeout_ms: u32,
+    out: *mut *mut rdmamig_conn,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_listener_accept";
+        record(|| {
+            let listener = handle(listener, F, "listener")?;
+            let ram = handle(ram, F, "ram")?;
+            let out = out_ref(out, F, "out")?;
+            let destination = Destination::accept(listener, ram, timeout_of(timeout_ms))?;
+            *out = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Destination(destination)));
+            Ok(())
+        })
+    }
+}
+
+/// Listeners are shared by concurrent accepts.
+const _: () = {
+    const fn is_sync<T: Sync>() {}
+    is_sync::<Listener>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmamig_status::*;
+    use std::ptr::{null, null_mut};
+
+    #[test]
+    fn argument_checks() {
+        let config = crate::ffi::config::rdmamig_config_new();
+        let ram = crate::ffi::ram::rdmamig_ram_new();
+        let mut l = null_mut();
+        assert_eq!(rdmamig_listener_new(null(), 0, config, &mut l), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_listener_new(c"0.0.0.0".as_ptr(), 0, null(), &mut l), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_listener_new(c"0.0.0.0".as_ptr(), 0, config, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_listener_new(c"\xff".as_ptr(), 0, config, &mut l), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert!(l.is_null());
+        assert_eq!(rdmamig_listener_port(null()), 0);
+        let mut c = null_mut();
+        assert_eq!(rdmamig_listener_accept(null(), ram, 1, &mut c), RDMAMIG_ERR_NULL_PARAMETER);
+        assert!(c.is_null());
+        rdmamig_listener_free(null_mut());
+        crate::ffi::ram::rdmamig_ram_free(ram);
+        crate::ffi::config::rdmamig_config_free(config);
+    }
+}

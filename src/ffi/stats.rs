@@ -1,0 +1,156 @@
+//! `rdmamig_stats`: a connection's counters, in a struct that can grow.
+
+use std::mem::{offset_of, size_of};
+use std::ptr::{addr_of, addr_of_mut};
+
+use super::conn::rdmamig_conn;
+use super::handle::try_from_ptr;
+use super::last_error::{record, Failure};
+use super::status::rdmamig_status;
+use crate::engine::Stats;
+
+/// The size of the first version of `rdmamig_stats` (every field up to
+/// `stream_bytes`), and the smallest `size` `rdmamig_conn_get_stats` accepts.
+pub const RDMAMIG_STATS_SIZE_V1: u32 = 88;
+
+/// A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
+///
+/// The struct may grow in later versions, with fields added only at the end.
+/// Set `size` to `sizeof(rdmamig_stats)` before the call: the library fills
+/// the fields that fit in `size` bytes and writes back the number of bytes it
+/// filled, so a program built against an older or newer header works with
+/// any library. Fields the library does not know are left untouched.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct rdmamig_stats {
+    /// In: `sizeof(rdmamig_stats)` as the caller knows it (at least
+    /// `RDMAMIG_STATS_SIZE_V1`). Out: the bytes filled.
+    pub size: u32,
+    /// Bytes of guest RAM written with RDMA WRITE (source).
+    pub bytes_written: u64,
+    /// 1 MiB chunks registered for remote access: asked for (source) or
+    /// served (destination).
+    pub chunks_registered: u64,
+    /// All-zero ranges sent (source) or applied (destination) as COMPRESS
+    /// messages instead of being written.
+    pub zero_chunks: u64,
+    /// REGISTER_REQUEST/RESULT round trips (one per message, however many
+    /// chunks it carries).
+    pub registration_round_trips: u64,
+    /// Bytes of memory this side has registered (pinned) now.
+    pub pinned_bytes: u64,
+    /// The most bytes this side had registered at once.
+    pub pinned_bytes_peak: u64,
+    /// Control messages sent and received, READY included.
+    pub control_messages: u64,
+    /// Completed iteration windows (REGISTER_FINISHED sent or received).
+    pub iterations: u64,
+    /// Total time spent inside `rdmamig_conn_iteration_end`, in nanoseconds
+    /// (source).
+    pub iteration_end_ns: u64,
+    /// Device-state stream bytes sent (source) or received (destination).
+    pub stream_bytes: u64,
+}
+
+const _: () = assert!(size_of::<rdmamig_stats>() == RDMAMIG_STATS_SIZE_V1 as usize);
+
+/// Fills `out` with the connection's counters (see `rdmamig_stats`): set
+/// `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
+/// fit in `out->size` bytes are filled and `out->size` is set to the bytes
+/// filled. A `size` below `RDMAMIG_STATS_SIZE_V1` gives
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` and writes nothing; a closed connection
+/// gives `RDMAMIG_ERR_STATE` (read the counters before `rdmamig_conn_close`).
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`
+/// (e.g. from a monitoring thread while `rdmamig_conn_save` runs).
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rdmamig_stats) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_get_stats";
+        let conn = match try_from_ptr(conn) {
+            Some(c) => c,
+            None => return record(|| Err(Failure::null(F, "conn"))),
+        };
+        conn.run(|c| {
+            if out.is_null() {
+                return Err(Failure::null(F, "out"));
+            }
+            // SAFETY: `out` points to a caller's struct whose first field is `size`.
+            let size = unsafe { addr_of!((*out).size).read() };
+            if size < RDMAMIG_STATS_SIZE_V1 {
+                return Err(Failure::invalid(format!(
+                    "{F}: out->size is {size}, less than RDMAMIG_STATS_SIZE_V1 ({RDMAMIG_STATS_SIZE_V1}); \
+                     set it to sizeof(rdmamig_stats)"
+                )));
+            }
+            let stats = c.stats(F)?;
+            // SAFETY: the caller's struct has at least `size` bytes.
+            unsafe { fill(out, size, &stats) };
+            Ok(())
+        })
+    }
+}
+
+/// Writes the fields of `s` that end within `size` bytes of `out`, then
+/// `out->size` = the bytes filled.
+///
+/// # Safety
+/// `out` must point to at least `size` writable bytes, `size >= 4`.
+unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
+    let mut filled = size_of::<u32>();
+    macro_rules! fill {
+        ($($field:ident),* $(,)?) => {$(
+            let end = offset_of!(rdmamig_stats, $field) + size_of::<u64>();
+            if end <= size as usize {
+                addr_of_mut!((*out).$field).write(s.$field);
+                filled = end;
+            }
+        )*};
+    }
+    fill!(
+        bytes_written,
+        chunks_registered,
+        zero_chunks,
+        registration_round_trips,
+        pinned_bytes,
+        pinned_bytes_peak,
+        control_messages,
+        iterations,
+        iteration_end_ns,
+        stream_bytes,
+    );
+    addr_of_mut!((*out).size).write(filled as u32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::conn::{Conn, Role};
+    use crate::ffi::handle::to_boxed_mut_ptr;
+    use rdmamig_status::*;
+
+    #[test]
+    fn size_checks() {
+        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Closed));
+        let mut s = rdmamig_stats { size: RDMAMIG_STATS_SIZE_V1 - 8, ..Default::default() };
+        assert_eq!(rdmamig_conn_get_stats(conn, &mut s), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(s.size, RDMAMIG_STATS_SIZE_V1 - 8, "nothing written");
+        s.size = RDMAMIG_STATS_SIZE_V1;
+        assert_eq!(rdmamig_conn_get_stats(conn, &mut s), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_get_stats(conn, std::ptr::null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_get_stats(std::ptr::null(), &mut s), RDMAMIG_ERR_NULL_PARAMETER);
+        crate::ffi::conn::rdmamig_conn_free(conn);
+    }
+
+    #[test]
+    fn fill_writes_what_fits() {
+        let stats = Stats { bytes_written: 1, stream_bytes: 10, ..Default::default() };
+        // A caller with a newer, bigger struct: the tail is left alone.
+        let mut buf = [0x55u64; 13];
+        let out = buf.as_mut_ptr().cast::<rdmamig_stats>();
+        unsafe { fill(out, 104, &stats) };
+        let got = unsafe { *out };
+        assert_eq!(got, rdmamig_stats { size: RDMAMIG_STATS_SIZE_V1, bytes_written: 1, stream_bytes: 10, ..Default::default() });
+        assert_eq!(&buf[11..], &[0x55u64; 2]);
+    }
+}
