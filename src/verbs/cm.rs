@@ -222,19 +222,22 @@ impl CmEvent {
         if self.kind != CmEventKind::ConnectRequest || self.request_taken.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let id = self.id_ptr();
+        let raw = NonNull::new(self.id_ptr())?;
         // SAFETY: the new id is live and owned by nobody else yet; its
-        // channel pointer was set by librdmacm at creation.
+        // channel pointer was set by librdmacm at creation. It is wrapped
+        // (its context pointed at its own CmId) before it is migrated, so
+        // events about it on the new channel always find the right CmId.
         unsafe {
-            if id.is_null() {
+            let old_channel = (*raw.as_ptr()).channel;
+            let id = CmId::wrap(raw, channel.clone());
+            if old_channel != channel.raw() && sys::rdma_migrate_id(raw.as_ptr(), channel.raw()) != 0 {
+                // Still on the listener's channel, which outlives this
+                // (the listener holds it and we hold the listener).
+                sys::rdma_reject(raw.as_ptr(), ptr::null(), 0);
+                drop(id);
                 return None;
             }
-            if (*id).channel != channel.raw() && sys::rdma_migrate_id(id, channel.raw()) != 0 {
-                // Leave it to drop(), which rejects and destroys it.
-                self.request_taken.store(false, Ordering::Release);
-                return None;
-            }
-            Some(CmId::wrap(NonNull::new_unchecked(id), channel.clone()))
+            Some(id)
         }
     }
 
@@ -339,7 +342,8 @@ impl CmId {
     }
 
     /// # Safety
-    /// `raw` is a live id, owned by nobody else, on `channel`.
+    /// `raw` is a live id, owned by nobody else, on `channel` (or about to be
+    /// migrated to it, or destroyed if that fails).
     unsafe fn wrap(raw: NonNull<sys::rdma_cm_id>, channel: Arc<EventChannel>) -> Arc<CmId> {
         let id = Arc::new_cyclic(|weak| CmId {
             raw,
@@ -373,9 +377,8 @@ impl CmId {
     pub fn resolve_addr(&self, dst: &SocketAddr, timeout_ms: i32) -> Result<()> {
         let mut dst = to_sockaddr(dst);
         // SAFETY: valid id and sockaddr (copied by librdmacm).
-        let rc = unsafe {
-            sys::rdma_resolve_addr(self.raw(), ptr::null_mut(), ptr::addr_of_mut!(dst).cast(), timeout_ms)
-        };
+        let rc =
+            unsafe { sys::rdma_resolve_addr(self.raw(), ptr::null_mut(), ptr::addr_of_mut!(dst).cast(), timeout_ms) };
         self.check(rc, "rdma_resolve_addr")
     }
 
@@ -407,7 +410,13 @@ impl CmId {
         let mut tos = tos;
         // SAFETY: option value is a u8, as the kernel expects.
         let rc = unsafe {
-            sys::rdma_set_option(self.raw(), sys::RDMA_OPTION_ID, sys::RDMA_OPTION_ID_TOS, ptr::addr_of_mut!(tos).cast(), 1)
+            sys::rdma_set_option(
+                self.raw(),
+                sys::RDMA_OPTION_ID,
+                sys::RDMA_OPTION_ID_TOS,
+                ptr::addr_of_mut!(tos).cast(),
+                1,
+            )
         };
         self.check(rc, "rdma_set_option(TOS)")
     }

@@ -45,6 +45,12 @@ impl CompletionChannel {
     }
 }
 
+impl std::fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionChannel").field("fd", &self.fd()).finish()
+    }
+}
+
 impl Drop for CompletionChannel {
     fn drop(&mut self) {
         // SAFETY: no CQ uses it any more.

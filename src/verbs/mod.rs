@@ -137,10 +137,7 @@ fn strerror(errno: i32) -> String {
 /// Resolve a host name or IPv4/IPv6 literal (brackets allowed) and a port
 /// to socket addresses, in resolver order.
 pub fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     Ok((host, port).to_socket_addrs()?.collect())
 }
 

@@ -73,7 +73,8 @@ impl QueuePair {
         let rc = unsafe { sys::rdma_create_qp(id.raw(), pd.raw(), &mut attr) };
         let qp = if rc == 0 { NonNull::new(unsafe { (*id.raw()).qp }) } else { None };
         let Some(qp) = qp else {
-            let e = if rc == 0 { VerbsError::new("rdma_create_qp", libc::EIO) } else { VerbsError::last("rdma_create_qp") };
+            let e =
+                if rc == 0 { VerbsError::new("rdma_create_qp", libc::EIO) } else { VerbsError::last("rdma_create_qp") };
             id.has_qp.store(false, Ordering::Release);
             return Err(e);
         };

@@ -226,7 +226,6 @@ pub const IBV_WC_RECV_RDMA_WITH_IMM: c_uint = (1 << 7) + 1;
 // enum ibv_wc_flags
 pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 
-
 extern "C" {
     pub fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device;
     pub fn ibv_free_device_list(list: *mut *mut ibv_device);
@@ -253,7 +252,11 @@ extern "C" {
         comp_vector: c_int,
     ) -> *mut ibv_cq;
     pub fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
-    pub fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int;
+    pub fn ibv_get_cq_event(
+        channel: *mut ibv_comp_channel,
+        cq: *mut *mut ibv_cq,
+        cq_context: *mut *mut c_void,
+    ) -> c_int;
     pub fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint);
 
     pub fn ibv_wc_status_str(status: c_uint) -> *const c_char;
@@ -340,7 +343,6 @@ pub const RDMA_PS_TCP: c_uint = 0x0106;
 pub const RDMA_OPTION_ID: c_int = 0;
 pub const RDMA_OPTION_ID_TOS: c_int = 0;
 pub const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
-
 
 extern "C" {
     pub fn rdma_create_event_channel() -> *mut rdma_event_channel;

@@ -120,7 +120,8 @@ fn serve_one(listen: Arc<CmId>, len: usize, gate: Option<mpsc::Receiver<()>>) ->
     let mut buffer = vec![0u8; len];
     let mut message = vec![0u8; 64];
     // SAFETY: both buffers outlive their MRs (dropped below before the Vecs are used).
-    let mr = unsafe { ep.pd.register(buffer.as_mut_ptr(), len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.expect("reg");
+    let mr =
+        unsafe { ep.pd.register(buffer.as_mut_ptr(), len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.expect("reg");
     let msg_mr = unsafe { ep.pd.register(message.as_mut_ptr(), message.len(), Access::LOCAL_WRITE) }.expect("reg");
     if gate.is_none() {
         unsafe { ep.qp.post_recv(RECV_WRID, msg_mr.sge(0, 64).unwrap()) }.expect("post_recv");
@@ -130,7 +131,13 @@ fn serve_one(listen: Arc<CmId>, len: usize, gate: Option<mpsc::Receiver<()>>) ->
     private.extend_from_slice(&mr.addr().to_le_bytes());
     private.extend_from_slice(&mr.rkey().to_le_bytes());
     private.extend_from_slice(&(len as u32).to_le_bytes());
-    let param = ConnParam { private_data: &private, responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7 };
+    let param = ConnParam {
+        private_data: &private,
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+    };
     id.accept(&param).expect("accept");
     let ev = next_event(&conn_ch, CmEventKind::Established, deadline);
     assert_eq!(ev.id_ptr(), id.raw());
@@ -172,7 +179,13 @@ fn connect(port: u16, max_send_wr: u32) -> Client {
     id.resolve_route(5000).expect("resolve_route");
     next_event(&ch, CmEventKind::RouteResolved, deadline);
     let ep = endpoint(&id, max_send_wr);
-    let param = ConnParam { private_data: CONNECT_DATA, responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7 };
+    let param = ConnParam {
+        private_data: CONNECT_DATA,
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+    };
     id.connect(&param).expect("connect");
     let ev = next_event(&ch, CmEventKind::Established, deadline);
     let p = ev.private_data();
@@ -437,7 +450,8 @@ fn open_fds() -> usize {
 
 /// This process's verbs objects as the kernel lists them (`rdma resource show KIND`).
 fn kernel_objects(kind: &str) -> usize {
-    let out = std::process::Command::new("rdma").args(["resource", "show", kind]).output().expect("rdma tool (iproute2)");
+    let out =
+        std::process::Command::new("rdma").args(["resource", "show", kind]).output().expect("rdma tool (iproute2)");
     assert!(out.status.success(), "rdma resource show {kind}: {}", String::from_utf8_lossy(&out.stderr));
     let pid = format!("pid {} ", std::process::id());
     String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(&pid)).count()
