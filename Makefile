@@ -7,6 +7,7 @@
 #   make header          regenerate include/rdmamig.h (cbindgen 0.29.4)
 #   make symbols         regenerate the golden list abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
+#   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
 #
 # The shared library is linked here from the staticlib, with the version script
 # abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
@@ -52,7 +53,7 @@ CTEST_SRCS := $(wildcard c-tests/*.c)
 CTEST_BINS := $(patsubst c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
 HOST_TESTS := $(filter $(CTEST_DIR)/test_%,$(CTEST_BINS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -117,6 +118,11 @@ header-compile: include/rdmamig.h
 
 check: c-tests
 	@set -e; for t in $(HOST_TESTS); do echo "== $$t"; $$t; done
+
+# Migrates 256 MiB from a source to a destination process over Soft-RoCE in a
+# throw-away QEMU guest (scripts/rxe-vm.sh; needs root, boots in ~10 s).
+demo: all $(CTEST_DIR)/rdma_test_demo
+	bash scripts/rxe-vm.sh '$(CTEST_DIR)/rdma_test_demo --mib 256'
 
 header:
 	$(CBINDGEN) --config cbindgen.toml --output include/rdmamig.h src/ffi/mod.rs

@@ -95,7 +95,9 @@ impl Conn {
 
     fn wrong_role(&self, func: &str, wanted: &str) -> Failure {
         match self.role {
-            Role::Closed => Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid")),
+            Role::Closed => {
+                Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid"))
+            }
             Role::Source(_) => Failure::state(format!("{func}: needs a {wanted} connection, this one is a source")),
             Role::Destination(_) => {
                 Failure::state(format!("{func}: needs a {wanted} connection, this one is a destination"))

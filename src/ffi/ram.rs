@@ -149,7 +149,10 @@ mod tests {
     #[test]
     fn null_ram() {
         let n = std::ptr::null_mut();
-        assert_eq!(rdmamig_ram_add_block(n, c"a".as_ptr(), 8 as *mut c_void, 0, 1, n.cast()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(
+            rdmamig_ram_add_block(n, c"a".as_ptr(), 8 as *mut c_void, 0, 1, n.cast()),
+            RDMAMIG_ERR_NULL_PARAMETER
+        );
         assert_eq!(rdmamig_ram_block_count(n), 0);
         rdmamig_ram_free(n);
     }

@@ -150,7 +150,10 @@ mod tests {
         let out = buf.as_mut_ptr().cast::<rdmamig_stats>();
         unsafe { fill(out, 104, &stats) };
         let got = unsafe { *out };
-        assert_eq!(got, rdmamig_stats { size: RDMAMIG_STATS_SIZE_V1, bytes_written: 1, stream_bytes: 10, ..Default::default() });
+        assert_eq!(
+            got,
+            rdmamig_stats { size: RDMAMIG_STATS_SIZE_V1, bytes_written: 1, stream_bytes: 10, ..Default::default() }
+        );
         assert_eq!(&buf[11..], &[0x55u64; 2]);
     }
 }

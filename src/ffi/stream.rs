@@ -39,8 +39,7 @@ pub struct rdmamig_stream_ops {
     pub get_buffer: Option<unsafe extern "C" fn(opaque: *mut c_void, buf: *mut u8, pos: i64, size: usize) -> ssize_t>,
     /// Source: appends `size` bytes at `buf` to the stream and returns `size`;
     /// `-EIO` on failure.
-    pub put_buffer:
-        Option<unsafe extern "C" fn(opaque: *mut c_void, buf: *const u8, pos: i64, size: usize) -> ssize_t>,
+    pub put_buffer: Option<unsafe extern "C" fn(opaque: *mut c_void, buf: *const u8, pos: i64, size: usize) -> ssize_t>,
     /// Source: appends the `iovcnt` buffers of `iov`, in order, and returns
     /// their total length; `-EIO` on failure (some of the bytes may have been
     /// appended), `-EINVAL` for a negative `iovcnt`, a NULL `iov` with
@@ -154,8 +153,8 @@ unsafe extern "C" fn stream_writev_buffer(opaque: *mut c_void, iov: *const iovec
         const F: &str = "rdmamig_stream_ops.writev_buffer";
         let mut total: ssize_t = 0;
         let r = with_conn(opaque, F, |c| {
-            let count = usize::try_from(iovcnt)
-                .map_err(|_| Failure::invalid(format!("{F}: iovcnt is negative ({iovcnt})")))?;
+            let count =
+                usize::try_from(iovcnt).map_err(|_| Failure::invalid(format!("{F}: iovcnt is negative ({iovcnt})")))?;
             // SAFETY (of the slice): the caller passes `iovcnt` valid iovecs.
             let iov = super::handle::try_slice(iov, count).ok_or_else(|| Failure::null(F, "iov"))?;
             let pieces: Vec<&[u8]> = iov
