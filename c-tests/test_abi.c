@@ -1,6 +1,7 @@
 /* Host C test of the rdmamig C ABI conventions: version, status strings,
- * NULL handling, the panic boundary, the device probe. Runs on any host, and
- * in the rxe guest (where a device exists). Built by `make c-tests` with
+ * NULL handling, the panic boundary, the device probe, the migration API's
+ * argument checks. Runs on any host, and in the rxe guest (where a device
+ * exists). Built by `make c-tests` with
  * -Wall -Wextra -Werror and ASan/UBSan. Last line: "N passed, M failed". */
 #include "rdmamig.h"
 
@@ -134,12 +135,94 @@ static void test_device_probe(void) {
     CHECK_STATUS(rdmamig_device_probe("\xff\xfe", name, sizeof name), RDMAMIG_ERR_INVALID_ARGUMENT);
 }
 
+/* The migration API without a device: NULL arguments, the registry, the
+ * thread's last error message, the stats struct's size. */
+static void test_migration_api_args(void) {
+    char msg[256];
+    static char mem[8192];
+    rdmamig_listener *l = NULL;
+    rdmamig_conn *c = NULL;
+    bool b = false;
+    uint64_t u = 0;
+    size_t n = 0;
+    uint32_t idx = 99;
+    rdmamig_stats st = {.size = sizeof st};
+    rdmamig_stream_ops ops;
+
+    CHECK(sizeof(rdmamig_stats) == RDMAMIG_STATS_SIZE_V1);
+    CHECK_STATUS(rdmamig_ram_add_block(NULL, "pc.ram", mem, 0, 4096, NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    n = rdmamig_last_error_message(msg, sizeof msg);
+    CHECK(n == strlen(msg) && strstr(msg, "ram is NULL") != NULL);
+    CHECK(rdmamig_last_error_message(NULL, 0) == n); /* size query */
+    CHECK(rdmamig_ram_block_count(NULL) == 0);
+    CHECK(rdmamig_listener_port(NULL) == 0);
+    rdmamig_ram_free(NULL); /* no-ops */
+    rdmamig_listener_free(NULL);
+    rdmamig_conn_free(NULL);
+    passed++;
+
+    CHECK_STATUS(rdmamig_listener_new(NULL, 0, NULL, &l), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_listener_accept(NULL, NULL, 1, &c), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_connect(NULL, 1, NULL, NULL, &c), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK(l == NULL && c == NULL); /* outputs are written only on success */
+    CHECK_STATUS(rdmamig_conn_close(NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_negotiated(NULL, &b, &b), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_iteration_begin(NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_save(NULL, 0, 0, 4096), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_iteration_end(NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_put(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_flush(NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_get(NULL, mem, 1, 1, &n), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_wait_iteration(NULL, 1, 1, &u), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_abort(NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_get_stats(NULL, &st), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK(st.size == sizeof st);
+    CHECK_STATUS(rdmamig_conn_stream_ops(NULL, &ops), RDMAMIG_ERR_NULL_PARAMETER);
+    rdmamig_last_error_message(msg, sizeof msg);
+    CHECK(strcmp(msg, "rdmamig_conn_stream_ops: conn is NULL") == 0);
+    memset(msg, 'x', sizeof msg);
+    CHECK(rdmamig_conn_error_message(NULL, msg, sizeof msg) == 0 && msg[0] == '\0');
+
+    /* The registry needs no device. */
+    rdmamig_ram *ram = rdmamig_ram_new();
+    rdmamig_ram *empty = rdmamig_ram_new();
+    rdmamig_config *cfg = rdmamig_config_new();
+    CHECK(ram != NULL && empty != NULL && cfg != NULL);
+    if (!ram || !empty || !cfg) goto out;
+    CHECK_STATUS(rdmamig_ram_add_block(ram, "pc.ram", mem, 0, 4096, &idx), RDMAMIG_OK);
+    CHECK(idx == 0);
+    CHECK_STATUS(rdmamig_ram_add_block(ram, "vga.vram", mem + 4096, 1u << 30, 4096, NULL), RDMAMIG_OK);
+    idx = 99;
+    CHECK_STATUS(rdmamig_ram_add_block(ram, "pc.ram", mem, 0, 4096, &idx), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK(idx == 99);
+    rdmamig_last_error_message(msg, sizeof msg);
+    CHECK(strstr(msg, "pc.ram") != NULL);
+    CHECK_STATUS(rdmamig_ram_add_block(ram, "zero", mem, 0, 0, &idx), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(rdmamig_ram_add_block(ram, "nohost", NULL, 0, 4096, &idx), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(rdmamig_ram_add_block(ram, NULL, mem, 0, 4096, &idx), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_ram_add_block(ram, "\xff", mem, 0, 4096, &idx), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK(rdmamig_ram_block_count(ram) == 2);
+    /* An empty registry is refused before any device is touched. */
+    CHECK_STATUS(rdmamig_connect("127.0.0.1", 1, cfg, empty, &c), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK(c == NULL);
+    rdmamig_last_error_message(msg, sizeof msg);
+    CHECK(strstr(msg, "empty") != NULL);
+    CHECK_STATUS(rdmamig_connect("127.0.0.1", 1, NULL, ram, &c), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_connect("127.0.0.1", 1, cfg, ram, NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_listener_new("0.0.0.0", 0, cfg, NULL), RDMAMIG_ERR_NULL_PARAMETER);
+out:
+    rdmamig_config_free(cfg);
+    rdmamig_ram_free(empty);
+    rdmamig_ram_free(ram);
+}
+
 int main(void) {
     test_version();
     test_status();
     test_null_and_config();
     test_panic_boundary();
     test_device_probe();
+    test_migration_api_args();
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
