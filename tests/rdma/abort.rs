@@ -1,6 +1,6 @@
 //! Abort: the destination process dies in the middle of a transfer.
 
-use std::process::Command;
+use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -22,12 +22,30 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Memory regions of this process, as the kernel lists them.
+/// Memory regions registered on the guest's RDMA devices (`rdma resource`
+/// summary). Only this test runs in the guest, so that is this test's count.
 fn live_mrs() -> usize {
-    let out = Command::new("rdma").args(["resource", "show", "mr"]).output().expect("the rdma tool (iproute2)");
-    assert!(out.status.success(), "rdma resource show mr: {}", String::from_utf8_lossy(&out.stderr));
-    let pid = format!("pid {} ", std::process::id());
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(&pid)).count()
+    let out = Command::new("rdma").args(["resource", "show"]).output().expect("the rdma tool (iproute2)");
+    assert!(out.status.success(), "rdma resource show: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "mr")
+        .map(|w| w[1].parse::<usize>().expect("mr count"))
+        .sum()
+}
+
+/// Kills the child destination if the test fails before doing so itself.
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Runs as a separate process (started by the test below): a destination that serves until killed.
@@ -49,16 +67,20 @@ fn source_call_fails_fast_when_destination_is_killed() {
     for off in (0..RAM).step_by(8) {
         ram.write_u64(off, off | 1);
     }
+    // librdmacm opens the devices on first use and keeps them open: warm up first.
+    drop(listen(&Config::default()));
     let fds_before = open_fds();
     let mrs_before = live_mrs();
 
     let port_file = std::env::temp_dir().join(format!("rdmamig-abort-{}", std::process::id()));
     let _ = std::fs::remove_file(&port_file);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "abort::destination_process", "--include-ignored", "--nocapture"])
-        .env(PORT_FILE_ENV, &port_file)
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(Some(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "abort::destination_process", "--include-ignored", "--nocapture"])
+            .env(PORT_FILE_ENV, &port_file)
+            .spawn()
+            .unwrap(),
+    ));
     let deadline = Instant::now() + Duration::from_secs(60);
     let port: u16 = loop {
         if let Ok(s) = std::fs::read_to_string(&port_file) {
@@ -72,6 +94,7 @@ fn source_call_fails_fast_when_destination_is_killed() {
 
     let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &registry(&ram)).unwrap();
     assert!(live_mrs() > mrs_before, "the connection registered no memory region");
+    let mut child = child.0.take().unwrap();
     let killer = thread::spawn(move || {
         thread::sleep(Duration::from_millis(700));
         child.kill().unwrap();
