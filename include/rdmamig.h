@@ -543,9 +543,10 @@ rdmamig_status rdmamig_conn_wait_iteration(rdmamig_conn *conn,
 /**
  * Aborts the migration. A source's transfer thread sends ERROR to the
  * destination and tears the connection down; a destination stops serving
- * (sending ERROR to a source still migrating). Every later call on the
- * connection fails (`RDMAMIG_ERR_ABORTED` or the error that ended it); free
- * it with `rdmamig_conn_free`. Returns `RDMAMIG_OK`, or
+ * (sending ERROR to a source still migrating). Later calls on the
+ * connection fail with `RDMAMIG_ERR_ABORTED` or the error that ended it
+ * (a destination's `rdmamig_conn_get` first returns the stream bytes already
+ * received); free it with `rdmamig_conn_free`. Returns `RDMAMIG_OK`, or
  * `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
  *
  * Thread safety: needs exclusive use of `conn`.
