@@ -214,8 +214,10 @@ impl Link {
                 link.negotiated = offered.masked(reply.flags);
                 Ok(link)
             }
+            // Our destination rejects a version it does not speak with its own
+            // version as private data; a reject without it (nobody listening) is zeros.
             CmEventKind::Rejected => match Capabilities::decode(event.private_data()) {
-                Ok(theirs) if theirs.version != config.protocol_version => {
+                Ok(theirs) if theirs.version != 0 && theirs.version != config.protocol_version => {
                     Err(version_error(config.protocol_version, theirs.version))
                 }
                 _ => Err(Error::new(ErrorKind::Connect, format!("{host}:{port} rejected the connection"))),

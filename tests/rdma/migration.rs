@@ -364,3 +364,36 @@ fn stream_of_10_mib_in_odd_pieces_interleaved_with_windows() {
     assert_eq!(dest.stats().stream_bytes, TOTAL as u64);
     source.close().unwrap();
 }
+
+#[test]
+fn missing_block_fails_on_both_sides() {
+    let source_layout = Layout { blocks: vec![("pc.ram", 4 * MIB, vec![]), ("vga.vram", MIB, vec![])] };
+    let dest_layout = Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] };
+    let src_ram = source_layout.source_ram(3);
+    let dst_ram = dest_layout.dest_ram();
+    let (listener, port) = listen(&Config::default());
+    let dst_registry = dest_layout.registry(&dst_ram, 0);
+    let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
+    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &source_layout.registry(&src_ram, 0)).unwrap();
+    let dest = dest.join().unwrap();
+    source.iteration_begin().unwrap();
+    source.save(0, 0, MIB).unwrap();
+    let err = source.iteration_end().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::BlockMismatch, "{err}");
+    let err = dest.wait_iteration(1, Some(Duration::from_secs(30))).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::BlockMismatch, "{err}");
+    assert!(err.message.contains("vga.vram"), "{err}");
+    // Later calls return the stored error.
+    assert_eq!(source.iteration_begin().unwrap_err().kind, ErrorKind::BlockMismatch);
+}
+
+#[test]
+fn connecting_where_nobody_listens_is_a_connect_error() {
+    // Bind and drop a listener to find a port that is free now.
+    let port = listen(&Config::default()).1;
+    let ram = GuestRam::new(MIB, 0);
+    let mut r = RamBlocks::new();
+    unsafe { r.add("pc.ram", ram.ptr(), 0, MIB).unwrap() };
+    let err = Source::connect(&rdma_ip(), port, &Config::default(), &r).err().expect("connect must fail");
+    assert_eq!(err.kind, ErrorKind::Connect, "{err}");
+}
