@@ -8,6 +8,7 @@
 #   make symbols         regenerate the golden list abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
+#   make bench           the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #
 # The shared library is linked here from the staticlib, with the version script
 # abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
@@ -53,7 +54,7 @@ CTEST_SRCS := $(wildcard c-tests/*.c)
 CTEST_BINS := $(patsubst c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
 HOST_TESTS := $(filter $(CTEST_DIR)/test_%,$(CTEST_BINS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -123,6 +124,16 @@ check: c-tests
 # throw-away QEMU guest (scripts/rxe-vm.sh; needs root, boots in ~10 s).
 demo: all $(CTEST_DIR)/rdma_test_demo
 	bash scripts/rxe-vm.sh '$(CTEST_DIR)/rdma_test_demo --mib 256'
+
+# Throughput figures: the same demo built -O2 without sanitizers, and perftest's
+# ib_write_bw (1 MiB, tx depth 16) as the anchor, in the same guest boot.
+BENCH_DEMO := $(TARGET_DIR)/bench/rdma_demo
+bench: all $(BENCH_DEMO)
+	bash scripts/bench-anchor.sh '$(BENCH_DEMO) --mib 512 && $(BENCH_DEMO) --mib 512 --pin-all'
+
+$(BENCH_DEMO): c-tests/rdma_test_demo.c include/rdmamig.h $(SHLIB) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iinclude -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 
 header:
 	$(CBINDGEN) --config cbindgen.toml --output include/rdmamig.h src/ffi/mod.rs

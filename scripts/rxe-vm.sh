@@ -242,6 +242,8 @@ status() {
     local n=$1 why=
     if [ -e "$RUN/g$n/killed" ]; then
         why="was killed ${GRACE}s after the other guest failed (RXE_VM_PAIR_GRACE)"
+    elif [ "${STOPPED:-0}" = 1 ]; then
+        why="was stopped: rxe-vm.sh got a signal"
     else
         case ${QRC[n]} in
             0) [ -s "$RUN/g$n/rc" ] || why="did not report an exit status" ;;
@@ -267,7 +269,7 @@ run_guests() {
     CWD=$(pwd -P)
     RUN=$(mktemp -d /tmp/rxe-vm.XXXXXX)
     trap 'rm -rf "$RUN"' EXIT
-    trap 'kill -TERM ${QPID[*]} 2>/dev/null' INT TERM HUP
+    trap 'STOPPED=1; kill -TERM ${QPID[*]} 2>/dev/null' INT TERM HUP
     log "booting $# guest(s): smp=$SMP mem=$MEM each"
     tboot=$(now)
     if [ $# = 1 ]; then
@@ -299,7 +301,7 @@ run_guests() {
         wait -n -p pid "${QPID[@]}"
         st=$?
         set -e
-        [ -n "$pid" ] || continue   # interrupted by a signal
+        [ -n "${pid:-}" ] || continue   # interrupted by a signal
         for n in "${!QPID[@]}"; do [ "${QPID[n]}" = "$pid" ] && break; done
         unset "QPID[n]"
         QRC[n]=$st
