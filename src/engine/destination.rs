@@ -288,7 +288,15 @@ impl Service {
                     format!("the source has {} blocks, this side {}; not found here: {missing:?}", names.len(), self.ram.len()),
                 ));
             }
-            self.order = found.into_iter().flatten().collect();
+            let order: Vec<usize> = found.into_iter().flatten().collect();
+            if let Some(dup) = order.iter().enumerate().find(|(i, b)| order[..*i].contains(b)) {
+                self.link.respond(CommandType::RamBlocksResult, |_| Ok(()))?;
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("the source named block '{}' twice", self.ram.blocks()[*dup.1].name),
+                ));
+            }
+            self.order = order;
         }
         let mut result = Vec::with_capacity(self.order.len());
         for &local in &self.order {
