@@ -12,3 +12,4 @@
 mod smoke;
 mod abort;
 mod migration;
+mod qemu;
