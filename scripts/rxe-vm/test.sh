@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Tests of scripts/rxe-vm.sh itself (4 guest boots, ~1 min): exit status,
-# output, environment, file sharing, the timeout, and --pair's failure
-# handling.  Run as root: scripts/rxe-vm/test.sh
+# Tests of scripts/rxe-vm.sh itself (5 guest boots, ~1.5 min): exit status,
+# output, environment, file sharing, the timeout, a signal, and --pair's
+# failure handling.  Run as root: scripts/rxe-vm/test.sh
 set -uo pipefail
 VM=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)/rxe-vm.sh
 work=$(mktemp -d /tmp/rxe-vm-test.XXXXXX)
@@ -43,6 +43,16 @@ rc=$?
 check "exit status 125 (got $rc)" [ $rc = 125 ]
 check "says it timed out" grep -q "timed out after 30s" err
 check "prints the console log" grep -q "guest 1: init at" err
+
+echo "== SIGTERM to rxe-vm.sh: the guest is stopped, exit 125"
+"$VM" 'echo started; sleep 600' > out 2> err &
+pid=$!
+for _ in $(seq 600); do grep -q started out && break; sleep 0.2; done
+kill -TERM $pid
+wait $pid
+rc=$?
+check "exit status 125 (got $rc)" [ $rc = 125 ]
+check "says it got a signal" grep -q "got a signal" err
 
 echo "== --pair: barrier, prefixes, exit status 0"
 "$VM" --pair 'rxe-vm-barrier x; echo "I am $RXE_VM_GUEST, peer $RXE_VM_PEER_IP"' \
