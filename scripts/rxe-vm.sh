@@ -32,8 +32,12 @@
 #
 # Exit status: the command's (--pair: 0 if both exit 0, else the status of
 # the first guest that failed; the other is killed RXE_VM_PAIR_GRACE seconds
-# later).  125: rxe-vm itself failed (setup, qemu, RXE_VM_TIMEOUT); the guest's
-# console log is printed to stderr.
+# later).  125: rxe-vm itself failed (setup, qemu, RXE_VM_TIMEOUT, a signal);
+# the guest's console log is printed to stderr.
+#
+# Guest side: scripts/rxe-vm/ (init: the initramfs's /init; guest.sh: rxe0
+# setup, then the command; barrier; selftest.sh).  Tests of this harness:
+# scripts/rxe-vm/test.sh.
 #
 # Environment (all optional):
 #   RXE_VM_MEM      guest RAM (default 2G)
