@@ -162,10 +162,10 @@ typedef struct rdmamig_config rdmamig_config;
  * Ownership: free with `rdmamig_conn_free`, which also closes the
  * connection. The RAM registered for it must stay mapped until then.
  *
- * Thread safety: `rdmamig_conn_save` may be called from several threads at
- * once, and concurrently with the other functions that take a `const
- * rdmamig_conn *` (`rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
- * `rdmamig_conn_error_message`). Every other function, and the callbacks of
+ * Thread safety: the functions that take a `const rdmamig_conn *`
+ * (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
+ * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
+ * `rdmamig_conn_error_message`) may run at the same time, from any threads. Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
  * may run on the same connection at the same time. The library's own thread
  * (one per connection) makes progress without the hypervisor and calls
@@ -515,9 +515,10 @@ rdmamig_status rdmamig_conn_flush(rdmamig_conn *conn);
  * returns the connection's error; `RDMAMIG_ERR_TIMEOUT` when the wait ran
  * out (nothing is lost: call again).
  *
- * Thread safety: needs exclusive use of `conn`.
+ * Thread safety: takes a `const` handle, so another thread may call
+ * `rdmamig_conn_abort` (or read stats) meanwhile.
  */
-rdmamig_status rdmamig_conn_get(rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_get(const rdmamig_conn *conn,
                                 void *buf,
                                 size_t len,
                                 uint32_t timeout_ms,
@@ -533,25 +534,29 @@ rdmamig_status rdmamig_conn_get(rdmamig_conn *conn,
  * `RDMAMIG_ERR_DISCONNECTED` when the source closed the connection before
  * `n` windows completed, or the connection's error.
  *
- * Thread safety: needs exclusive use of `conn`.
+ * Thread safety: takes a `const` handle, so another thread may call
+ * `rdmamig_conn_abort` (or read stats) meanwhile.
  */
-rdmamig_status rdmamig_conn_wait_iteration(rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_wait_iteration(const rdmamig_conn *conn,
                                            uint64_t n,
                                            uint32_t timeout_ms,
                                            uint64_t *done_out);
 
 /**
  * Aborts the migration. A source's transfer thread sends ERROR to the
- * destination and tears the connection down; a destination stops serving
- * (sending ERROR to a source still migrating). Later calls on the
- * connection fail with `RDMAMIG_ERR_ABORTED` or the error that ended it
- * (a destination's `rdmamig_conn_get` first returns the stream bytes already
- * received); free it with `rdmamig_conn_free`. Returns `RDMAMIG_OK`, or
- * `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
+ * destination and tears the connection down; a destination's service thread
+ * does the same toward a source still migrating. Calls blocked on the
+ * connection in other threads (`rdmamig_conn_iteration_end`,
+ * `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`)
+ * then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
+ * ended the connection (a destination's `rdmamig_conn_get` first returns the
+ * stream bytes already received); free it with `rdmamig_conn_free`. Returns
+ * `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
  *
- * Thread safety: needs exclusive use of `conn`.
+ * Thread safety: may be called from any thread, while other calls on `conn`
+ * are running (that is what it is for).
  */
-rdmamig_status rdmamig_conn_abort(rdmamig_conn *conn);
+rdmamig_status rdmamig_conn_abort(const rdmamig_conn *conn);
 
 /**
  * Copies the connection's last error message into `buf` (of `len` bytes),

@@ -31,6 +31,8 @@ struct State {
     iterations: u64,
     /// Why the service thread stopped: a failure, or the source disconnecting.
     ended: Option<Error>,
+    /// The source disconnected between iteration windows (not a failure).
+    clean_end: bool,
 }
 
 struct Shared {
@@ -88,10 +90,12 @@ impl Destination {
         let mut state = self.shared.state.lock();
         loop {
             if !state.stream.is_empty() {
-                let n = buf.len().min(state.stream.len());
-                for (dst, src) in buf.iter_mut().zip(state.stream.drain(..n)) {
-                    *dst = src;
-                }
+                let (front, back) = state.stream.as_slices();
+                let n = buf.len().min(front.len() + back.len());
+                let from_front = n.min(front.len());
+                buf[..from_front].copy_from_slice(&front[..from_front]);
+                buf[from_front..n].copy_from_slice(&back[..n - from_front]);
+                state.stream.drain(..n);
                 self.shared.changed.notify_all();
                 return Ok(n);
             }
@@ -138,15 +142,23 @@ impl Destination {
         self.shared.counters.snapshot()
     }
 
-    /// The failure that stopped the connection, if any (a clean disconnect by
-    /// the source is not a failure).
+    /// The failure that stopped the connection, if any. The source
+    /// disconnecting between iteration windows is not a failure; inside one it is.
     pub fn error(&self) -> Option<Error> {
-        self.shared.state.lock().ended.clone().filter(|e| e.kind != ErrorKind::Disconnected)
+        let state = self.shared.state.lock();
+        state.ended.clone().filter(|_| !state.clean_end)
     }
 
-    /// Stops serving (sending ERROR to a source still migrating) and tears the connection down.
-    pub fn close(&self) {
+    /// Aborts the migration without waiting: the service thread sends ERROR to
+    /// a source still migrating and tears the connection down; calls blocked in
+    /// `get` or `wait_iteration` then return. May be called from any thread.
+    pub fn abort(&self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Aborts (if still connected) and waits until the connection is torn down.
+    pub fn close(&self) {
+        self.abort();
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
@@ -168,6 +180,8 @@ struct Service {
     /// Registered ranges per local block, keyed by first chunk; pin-all keeps one whole-block MR.
     chunks: Vec<Vec<Option<MemoryRegion>>>,
     whole: Vec<Option<MemoryRegion>>,
+    /// A registration message arrived and REGISTER_FINISHED has not yet.
+    in_window: bool,
 }
 
 /// What a received message asks the service to do, once the receive buffer is released.
@@ -189,7 +203,7 @@ impl Service {
         let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| None).collect()).collect();
         let whole = ram.blocks().iter().map(|_| None).collect();
         let order = (0..ram.len()).collect();
-        Service { link, ram, shared, order, chunks, whole }
+        Service { link, ram, shared, order, chunks, whole, in_window: false }
     }
 
     fn run(mut self) {
@@ -199,12 +213,22 @@ impl Service {
         if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
             self.link.send_error();
         }
-        let e = if e.kind == ErrorKind::Disconnected { Error::new(ErrorKind::Disconnected, "the source closed the connection") } else { e };
+        let clean_end = e.kind == ErrorKind::Disconnected && !self.in_window;
+        let e = match (e.kind, clean_end) {
+            (ErrorKind::Disconnected, true) => Error::new(ErrorKind::Disconnected, "the source closed the connection"),
+            (ErrorKind::Disconnected, false) => {
+                Error::new(ErrorKind::Disconnected, "the source disconnected inside an iteration window")
+            }
+            _ => e,
+        };
         // Deregister everything and destroy the QP, CQ and id before reporting the end.
         let Service { link, chunks, whole, shared, .. } = self;
         drop((chunks, whole, link));
         shared.counters.pinned_bytes.store(0, Ordering::Relaxed);
-        shared.state.lock().ended = Some(e);
+        let mut state = shared.state.lock();
+        state.ended = Some(e);
+        state.clean_end = clean_end;
+        drop(state);
         shared.changed.notify_all();
     }
 
@@ -229,6 +253,12 @@ impl Service {
                     }
                 })
             })?;
+            // Registration messages open a window, REGISTER_FINISHED closes it.
+            self.in_window = match request {
+                Request::Stream(_) => self.in_window,
+                Request::Finished => false,
+                _ => true,
+            };
             match request {
                 Request::Stream(n) => Counters::add(&self.shared.counters.stream_bytes, n as u64),
                 Request::Blocks(names) => self.blocks(names)?,

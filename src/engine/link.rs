@@ -123,9 +123,15 @@ pub(crate) struct Link {
     received: [Option<u32>; 2],
     /// Whether each slot has a RECV posted.
     posted: [bool; 2],
+    /// No control SEND is in flight.
     send_done: bool,
     /// The source must take a READY before its next SEND.
     ready_expected: bool,
+    /// The destination sent READY and has not received the message it allows:
+    /// the source has no RECV posted, so nothing else may be sent to it.
+    ready_granted: bool,
+    /// Tearing down: waits no longer give up because `stop` is set.
+    aborting: bool,
     writes_posted: u64,
     writes_completed: u64,
     disconnected: bool,
@@ -158,8 +164,10 @@ impl Link {
             send,
             received: [None; 2],
             posted: [false; 2],
-            send_done: false,
+            send_done: true,
             ready_expected: true,
+            ready_granted: false,
+            aborting: false,
             writes_posted: 0,
             writes_completed: 0,
             disconnected: false,
@@ -302,7 +310,7 @@ impl Link {
         if n > 0 {
             return Ok(());
         }
-        if self.stop.load(Ordering::Relaxed) {
+        if !self.aborting && self.stop.load(Ordering::Relaxed) {
             return Err(Error::new(ErrorKind::Aborted, format!("closed while waiting for {what}")));
         }
         self.check_events()?;
@@ -374,9 +382,15 @@ impl Link {
         Ok(())
     }
 
-    /// SENDs one message built by `build` and waits for the send completion.
-    /// The caller holds the credit (or the peer pre-posted a response RECV).
-    fn send(&mut self, kind: CommandType, build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>) -> Result<()> {
+    /// SENDs one message built by `build` and waits (until `deadline`) for the
+    /// send completion. The caller holds the credit (or the peer pre-posted a
+    /// response RECV).
+    fn send_until(
+        &mut self,
+        kind: CommandType,
+        deadline: Option<Instant>,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+    ) -> Result<()> {
         let mut writer = MessageWriter::new(&mut self.send.mem, kind);
         build(&mut writer).map_err(encode_error)?;
         let len = writer.finish();
@@ -384,10 +398,14 @@ impl Link {
         self.send_done = false;
         // SAFETY: the send buffer is registered and not touched until the completion below.
         unsafe { self.qp.post_send(WRID_SEND_CONTROL, sge, true)? };
-        let deadline = self.deadline();
         self.wait_until("a control SEND to complete", deadline, |l| l.send_done)?;
         Counters::add(&self.counters.control_messages, 1);
         Ok(())
+    }
+
+    fn send(&mut self, kind: CommandType, build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>) -> Result<()> {
+        let deadline = self.deadline();
+        self.send_until(kind, deadline, build)
     }
 
     /// Waits for a message in `slot`, validates it, hands it to `f`, and frees the slot.
@@ -452,6 +470,9 @@ impl Link {
     /// for the next message; `f` sees it before the slot is posted again.
     pub fn receive<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
         self.send(CommandType::Ready, |_| Ok(()))?;
+        self.ready_granted = true;
+        self.wait_until("a control message from the peer", None, |l| l.received[INCOMING].is_some())?;
+        self.ready_granted = false;
         let r = self.take(INCOMING, None, f)?;
         self.post_recv(INCOMING)?;
         Ok(r)
@@ -489,20 +510,18 @@ impl Link {
         self.wait_until("RDMA WRITEs to complete", deadline, |l| l.writes_completed >= seq)
     }
 
-    /// Best effort on abort: tell the peer (ERROR lands in its always-posted
-    /// RECV, no credit needed), unless the link is already gone.
+    /// Best effort on abort: tell the peer with an ERROR message, unless the
+    /// link is gone, a SEND is still in flight, or the peer has no RECV posted
+    /// for it (we granted the source a READY it has not used yet: with
+    /// rnr_retry 0 the ERROR would only fail). The source side may always send:
+    /// the destination re-posts its RECV as soon as a message arrives.
     pub fn send_error(&mut self) {
-        if self.disconnected {
+        if self.disconnected || !self.send_done || self.ready_granted {
             return;
         }
-        let len = MessageWriter::new(&mut self.send.mem, CommandType::Error).finish();
-        let sge = self.send.sge(len);
-        self.send_done = false;
-        // SAFETY: as in `send`.
-        if unsafe { self.qp.post_send(WRID_SEND_CONTROL, sge, true) }.is_ok() {
-            let deadline = Some(Instant::now() + Duration::from_secs(1));
-            let _ = self.wait_until("the ERROR message to go out", deadline, |l| l.send_done);
-        }
+        self.aborting = true;
+        let deadline = Some(Instant::now() + Duration::from_secs(1));
+        let _ = self.send_until(CommandType::Error, deadline, |_| Ok(()));
     }
 }
 

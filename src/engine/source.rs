@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::Instant;
 
-use crossbeam_queue::SegQueue;
+use crossbeam_queue::ArrayQueue;
 
 use crate::engine::link::{protocol_error as protocol, Link, Negotiated};
 use crate::engine::ram::{chunk_of, RamBlocks};
@@ -33,6 +33,9 @@ const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
 const REGISTER_BATCH: usize = 256;
 /// Largest single RDMA WRITE when both sides registered whole blocks (rdmamig peers).
 const LARGE_WRITE: u64 = 4 << 20;
+/// Commands queued at most: `save` waits for room rather than let memory grow
+/// with the guest when the transfer thread falls behind.
+const QUEUE_CAPACITY: usize = 1 << 16;
 
 enum Command {
     Save { block: u32, offset: u64, len: u64 },
@@ -43,8 +46,17 @@ enum Command {
     EndIteration(Arc<Done>),
 }
 
+impl Command {
+    fn done(&self) -> Option<&Arc<Done>> {
+        match self {
+            Command::Sync(d) | Command::EndIteration(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
 struct Shared {
-    queue: SegQueue<Command>,
+    queue: ArrayQueue<Command>,
     engine: OnceLock<Thread>,
     error: StickyError,
     counters: Arc<Counters>,
@@ -52,8 +64,25 @@ struct Shared {
 }
 
 impl Shared {
-    fn push(&self, cmd: Command) {
-        self.queue.push(cmd);
+    /// Queues `cmd`, waiting while the queue is full; fails with the stored
+    /// error if the transfer thread has stopped.
+    fn push(&self, mut cmd: Command) -> Result<()> {
+        loop {
+            self.error.check()?;
+            match self.queue.push(cmd) {
+                Ok(()) => break,
+                Err(back) => {
+                    cmd = back;
+                    self.wake();
+                    thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
+        }
+        self.wake();
+        Ok(())
+    }
+
+    fn wake(&self) {
         if let Some(t) = self.engine.get() {
             t.unpark();
         }
@@ -83,7 +112,7 @@ impl Source {
         let counters = Arc::new(Counters::default());
         let link = Link::connect(host, port, config, counters.clone())?;
         let shared = Arc::new(Shared {
-            queue: SegQueue::new(),
+            queue: ArrayQueue::new(QUEUE_CAPACITY),
             engine: OnceLock::new(),
             error: StickyError::default(),
             counters,
@@ -106,12 +135,16 @@ impl Source {
     }
 
     /// Opens an iteration window: `save` calls are legal until `iteration_end`.
-    /// The first window also exchanges the RAM-block lists.
+    /// Stream bytes `put` so far go out first (a QEMU destination must see the
+    /// hook marker before any registration message). The first window also
+    /// exchanges the RAM-block lists.
     pub fn iteration_begin(&mut self) -> Result<()> {
         self.shared.error.check()?;
-        if self.in_window.swap(true, Ordering::Relaxed) {
+        if self.in_window.load(Ordering::Relaxed) {
             return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
         }
+        self.queue_stream(true)?;
+        self.in_window.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -123,7 +156,7 @@ impl Source {
         }
         self.ram.get(block)?.check_range(offset, len)?;
         if len > 0 {
-            self.shared.push(Command::Save { block, offset, len });
+            self.shared.push(Command::Save { block, offset, len })?;
         }
         Ok(())
     }
@@ -141,25 +174,36 @@ impl Source {
     }
 
     /// Appends device-state bytes to the stream (sent in QEMU_FILE messages).
+    /// Inside an iteration window they are held back until the window ends:
+    /// QEMU's destination accepts no stream message inside one.
     pub fn put(&mut self, data: &[u8]) -> Result<()> {
         self.shared.error.check()?;
         self.outgoing.extend_from_slice(data);
-        let piece = self.stream_piece();
-        while self.outgoing.len() >= piece {
-            let rest = self.outgoing.split_off(piece);
-            let full = std::mem::replace(&mut self.outgoing, rest);
-            self.shared.push(Command::Stream(full));
+        if !self.in_window.load(Ordering::Relaxed) {
+            self.queue_stream(false)?;
         }
         Ok(())
     }
 
-    /// Sends every byte `put` so far and waits until it is out.
+    /// Sends every byte `put` so far and waits until it is out. Not inside an
+    /// iteration window (see `put`).
     pub fn flush(&mut self) -> Result<()> {
-        self.shared.error.check()?;
-        if !self.outgoing.is_empty() {
-            self.shared.push(Command::Stream(std::mem::take(&mut self.outgoing)));
+        if self.in_window.load(Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::State, "flush inside an iteration window: end the window first"));
         }
+        self.queue_stream(true)?;
         self.call(Command::Sync)
+    }
+
+    /// Queues the buffered stream bytes as messages: whole pieces only, or all.
+    fn queue_stream(&mut self, all: bool) -> Result<()> {
+        let piece = if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT };
+        let whole = if all { self.outgoing.len() } else { self.outgoing.len() / piece * piece };
+        for chunk in self.outgoing[..whole].chunks(piece) {
+            self.shared.push(Command::Stream(chunk.to_vec()))?;
+        }
+        self.outgoing.drain(..whole);
+        Ok(())
     }
 
     pub fn stats(&self) -> Stats {
@@ -179,21 +223,17 @@ impl Source {
         }
     }
 
-    /// Flushes the stream, waits for queued work, and disconnects.
+    /// Ends an open window, flushes the stream, waits for queued work, and disconnects.
     pub fn close(mut self) -> Result<()> {
-        let r = self.flush();
+        let r = if self.in_window.load(Ordering::Relaxed) { self.iteration_end() } else { Ok(()) };
+        let r = r.and_then(|()| self.flush());
         self.shutdown();
         r
     }
 
-    fn stream_piece(&self) -> usize {
-        if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT }
-    }
-
     fn call(&self, make: impl FnOnce(Arc<Done>) -> Command) -> Result<()> {
-        self.shared.error.check()?;
         let done = Arc::new(Done::default());
-        self.shared.push(make(done.clone()));
+        self.shared.push(make(done.clone()))?;
         done.wait(|| self.shared.error.get())
     }
 
@@ -298,7 +338,7 @@ impl Engine {
         let stored = self.shared.error.get().unwrap_or_else(|| Error::new(ErrorKind::Aborted, "the connection is closed"));
         self.shared.error.set(stored.clone());
         while let Some(cmd) = self.shared.queue.pop() {
-            if let Command::Sync(d) | Command::EndIteration(d) = cmd {
+            if let Some(d) = cmd.done() {
                 d.set(Err(stored.clone()));
             }
         }
@@ -312,7 +352,15 @@ impl Engine {
                 return Err(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
             }
             match self.shared.queue.pop() {
-                Some(cmd) => self.handle(cmd)?,
+                Some(cmd) => {
+                    let done = cmd.done().cloned();
+                    if let Err(e) = self.handle(cmd) {
+                        if let Some(d) = done {
+                            d.set(Err(e.clone()));
+                        }
+                        return Err(e);
+                    }
+                }
                 None => {
                     // Idle: post what is pending rather than wait for more to merge.
                     self.flush_pending()?;
@@ -458,17 +506,21 @@ impl Engine {
         self.blocks[p.block as usize].chunks[chunk].awaiting = true;
         self.to_register.push((p.block, chunk));
         self.deferred.push(p);
-        let batch = if self.link.negotiated.extensions { REGISTER_BATCH } else { 1 };
-        if self.to_register.len() >= batch {
+        if self.to_register.len() >= self.register_batch() {
             self.register_deferred()?;
         }
         Ok(())
     }
 
+    /// Chunks per REGISTER_REQUEST: QEMU serves one per message.
+    fn register_batch(&self) -> usize {
+        if self.link.negotiated.extensions { REGISTER_BATCH.min(MAX_REPEAT as usize) } else { 1 }
+    }
+
     /// Registers every awaited chunk on the destination (batched toward rdmamig
     /// peers, one per message toward QEMU), then posts the deferred writes.
     fn register_deferred(&mut self) -> Result<()> {
-        let batch = if self.link.negotiated.extensions { REGISTER_BATCH.min(MAX_REPEAT as usize) } else { 1 };
+        let batch = self.register_batch();
         while !self.to_register.is_empty() {
             let take = self.to_register.len().min(batch);
             let chunks: Vec<(u32, usize)> = self.to_register.drain(..take).collect();

@@ -27,10 +27,10 @@ use crate::engine::{Destination, Source, Stats};
 /// Ownership: free with `rdmamig_conn_free`, which also closes the
 /// connection. The RAM registered for it must stay mapped until then.
 ///
-/// Thread safety: `rdmamig_conn_save` may be called from several threads at
-/// once, and concurrently with the other functions that take a `const
-/// rdmamig_conn *` (`rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
-/// `rdmamig_conn_error_message`). Every other function, and the callbacks of
+/// Thread safety: the functions that take a `const rdmamig_conn *`
+/// (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
+/// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
+/// `rdmamig_conn_error_message`) may run at the same time, from any threads. Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
 /// may run on the same connection at the same time. The library's own thread
 /// (one per connection) makes progress without the hypervisor and calls
@@ -94,15 +94,7 @@ impl Conn {
     }
 
     fn wrong_role(&self, func: &str, wanted: &str) -> Failure {
-        match self.role {
-            Role::Closed => {
-                Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid"))
-            }
-            Role::Source(_) => Failure::state(format!("{func}: needs a {wanted} connection, this one is a source")),
-            Role::Destination(_) => {
-                Failure::state(format!("{func}: needs a {wanted} connection, this one is a destination"))
-            }
-        }
+        wrong_role(&self.role, func, wanted)
     }
 
     pub(crate) fn source(&self, func: &str) -> Result<&Source, Failure> {
@@ -113,12 +105,9 @@ impl Conn {
     }
 
     pub(crate) fn source_mut(&mut self, func: &str) -> Result<&mut Source, Failure> {
-        if !self.is_source() {
-            return Err(self.wrong_role(func, "source"));
-        }
         match &mut self.role {
             Role::Source(s) => Ok(s),
-            _ => unreachable!(),
+            other => Err(wrong_role(other, func, "source")),
         }
     }
 
@@ -145,16 +134,14 @@ impl Conn {
         }
     }
 
-    /// The last failed call's message, else the connection's stored failure.
+    /// The failure that ended the connection, else the last failed call's message.
     fn error_message(&self) -> Option<String> {
-        if let Some(m) = self.last_error.lock().clone() {
-            return Some(m);
-        }
-        match &self.role {
-            Role::Source(s) => s.error().map(|e| e.message),
-            Role::Destination(d) => d.error().map(|e| e.message),
+        let ended = match &self.role {
+            Role::Source(s) => s.error(),
+            Role::Destination(d) => d.error(),
             Role::Closed => None,
-        }
+        };
+        ended.map(|e| e.message).or_else(|| self.last_error.lock().clone())
     }
 
     /// Closes: a source flushes and disconnects, a destination stops serving.
@@ -166,6 +153,20 @@ impl Conn {
                 Ok(())
             }
             Role::Closed => Err(self.wrong_role(func, "open")),
+        }
+    }
+}
+
+
+/// The failure for a call that does not fit the connection's role.
+fn wrong_role(role: &Role, func: &str, wanted: &str) -> Failure {
+    match role {
+        Role::Closed => {
+            Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid"))
+        }
+        Role::Source(_) => Failure::state(format!("{func}: needs a {wanted} connection, this one is a source")),
+        Role::Destination(_) => {
+            Failure::state(format!("{func}: needs a {wanted} connection, this one is a destination"))
         }
     }
 }
@@ -391,10 +392,11 @@ pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status 
 /// returns the connection's error; `RDMAMIG_ERR_TIMEOUT` when the wait ran
 /// out (nothing is lost: call again).
 ///
-/// Thread safety: needs exclusive use of `conn`.
+/// Thread safety: takes a `const` handle, so another thread may call
+/// `rdmamig_conn_abort` (or read stats) meanwhile.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_get(
-    conn: *mut rdmamig_conn,
+    conn: *const rdmamig_conn,
     buf: *mut c_void,
     len: usize,
     timeout_ms: u32,
@@ -402,8 +404,8 @@ pub extern "C" fn rdmamig_conn_get(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_get";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| {
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
             let buf = bytes_mut(buf.cast::<u8>(), len, F, "buf")?;
             let read_out = out_ref(read_out, F, "read_out")?;
             *read_out = c.destination(F)?.get(buf, timeout_of(timeout_ms))?;
@@ -421,18 +423,19 @@ pub extern "C" fn rdmamig_conn_get(
 /// `RDMAMIG_ERR_DISCONNECTED` when the source closed the connection before
 /// `n` windows completed, or the connection's error.
 ///
-/// Thread safety: needs exclusive use of `conn`.
+/// Thread safety: takes a `const` handle, so another thread may call
+/// `rdmamig_conn_abort` (or read stats) meanwhile.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_wait_iteration(
-    conn: *mut rdmamig_conn,
+    conn: *const rdmamig_conn,
     n: u64,
     timeout_ms: u32,
     done_out: *mut u64,
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_wait_iteration";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| {
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
             let done = c.destination(F)?.wait_iteration(n, timeout_of(timeout_ms))?;
             if let Some(d) = opt_out(done_out) {
                 *d = done;
@@ -443,23 +446,26 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
 }
 
 /// Aborts the migration. A source's transfer thread sends ERROR to the
-/// destination and tears the connection down; a destination stops serving
-/// (sending ERROR to a source still migrating). Later calls on the
-/// connection fail with `RDMAMIG_ERR_ABORTED` or the error that ended it
-/// (a destination's `rdmamig_conn_get` first returns the stream bytes already
-/// received); free it with `rdmamig_conn_free`. Returns `RDMAMIG_OK`, or
-/// `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
+/// destination and tears the connection down; a destination's service thread
+/// does the same toward a source still migrating. Calls blocked on the
+/// connection in other threads (`rdmamig_conn_iteration_end`,
+/// `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`)
+/// then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
+/// ended the connection (a destination's `rdmamig_conn_get` first returns the
+/// stream bytes already received); free it with `rdmamig_conn_free`. Returns
+/// `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
 ///
-/// Thread safety: needs exclusive use of `conn`.
+/// Thread safety: may be called from any thread, while other calls on `conn`
+/// are running (that is what it is for).
 #[no_mangle]
-pub extern "C" fn rdmamig_conn_abort(conn: *mut rdmamig_conn) -> rdmamig_status {
+pub extern "C" fn rdmamig_conn_abort(conn: *const rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_abort";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| {
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
             match &c.role {
                 Role::Source(s) => s.abort(),
-                Role::Destination(d) => d.close(),
+                Role::Destination(d) => d.abort(),
                 Role::Closed => return Err(c.wrong_role(F, "open")),
             }
             Ok(())

@@ -397,3 +397,24 @@ fn connecting_where_nobody_listens_is_a_connect_error() {
     let err = Source::connect(&rdma_ip(), port, &Config::default(), &r).err().expect("connect must fail");
     assert_eq!(err.kind, ErrorKind::Connect, "{err}");
 }
+
+#[test]
+fn source_abort_reaches_the_destination_as_a_peer_error() {
+    let layout = Layout { blocks: vec![("pc.ram", 8 * MIB, vec![])] };
+    let src_ram = layout.source_ram(4);
+    let dst_ram = layout.dest_ram();
+    let (listener, port) = listen(&Config::default());
+    let dst_registry = layout.registry(&dst_ram, 0);
+    let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
+    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &layout.registry(&src_ram, 0)).unwrap();
+    let dest = dest.join().unwrap();
+    source.iteration_begin().unwrap();
+    source.save(0, 0, 8 * MIB).unwrap();
+    source.iteration_end().unwrap();
+    source.abort();
+    let err = dest.wait_iteration(2, Some(Duration::from_secs(10))).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::PeerError, "{err}");
+    assert_eq!(dest.error().map(|e| e.kind), Some(ErrorKind::PeerError));
+    let err = source.iteration_begin().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
+}
