@@ -33,6 +33,10 @@ const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
 const REGISTER_BATCH: usize = 256;
 /// Largest single RDMA WRITE when both sides registered whole blocks (rdmamig peers).
 const LARGE_WRITE: u64 = 4 << 20;
+/// Ranges being merged at once: saves from several hypervisor threads interleave.
+const MERGE_SLOTS: usize = 4;
+/// Zero ranges per COMPRESS message toward an rdmamig peer (QEMU applies one).
+const ZERO_BATCH: usize = 1024;
 /// Commands queued at most: `save` waits for room rather than let memory grow
 /// with the guest when the transfer thread falls behind.
 const QUEUE_CAPACITY: usize = 1 << 16;
@@ -258,6 +262,8 @@ struct Piece {
     block: u32,
     offset: u64,
     len: u64,
+    /// End of the write unit: the piece may grow up to here.
+    limit: u64,
 }
 
 #[derive(Default)]
@@ -284,7 +290,10 @@ struct Engine {
     shared: Arc<Shared>,
     blocks: Vec<BlockState>,
     blocks_exchanged: bool,
-    pending: Option<Piece>,
+    /// Ranges still growing by merging with the next saves, oldest first.
+    pending: Vec<Piece>,
+    /// Zero ranges for the next COMPRESS message (rdmamig peers only).
+    zeros: Vec<Compress>,
     /// Writes waiting for their chunk's registration, in arrival order.
     deferred: Vec<Piece>,
     to_register: Vec<(u32, usize)>,
@@ -315,7 +324,8 @@ impl Engine {
             shared,
             blocks,
             blocks_exchanged: false,
-            pending: None,
+            pending: Vec::with_capacity(MERGE_SLOTS),
+            zeros: Vec::new(),
             deferred: Vec::new(),
             to_register: Vec::new(),
             inflight: VecDeque::new(),
@@ -461,26 +471,33 @@ impl Engine {
     fn save(&mut self, block: u32, mut offset: u64, len: u64) -> Result<()> {
         let end = offset + len;
         while offset < end {
-            let piece_end = self.unit_end(block, offset).min(end);
-            let piece = Piece { block, offset, len: piece_end - offset };
-            let pending_end = self.pending.map(|p| self.unit_end(p.block, p.offset));
-            match &mut self.pending {
-                Some(p) if p.block == block && p.offset + p.len == offset && pending_end >= Some(piece_end) => {
-                    p.len += piece.len
+            let limit = self.unit_end(block, offset);
+            let piece_end = limit.min(end);
+            let grows = self.pending.iter_mut().find(|p| p.block == block && p.offset + p.len == offset && piece_end <= p.limit);
+            if let Some(p) = grows {
+                p.len = piece_end - p.offset;
+            } else {
+                if self.pending.len() == MERGE_SLOTS {
+                    let oldest = self.pending.remove(0);
+                    self.send_piece(oldest)?;
                 }
-                _ => {
-                    self.flush_pending()?;
-                    self.pending = Some(piece);
-                }
+                self.pending.push(Piece { block, offset, len: piece_end - offset, limit });
             }
             offset = piece_end;
         }
         Ok(())
     }
 
-    /// Sends the merged pending range: a write, a COMPRESS, or a deferral until its chunk is registered.
+    /// Sends every range still merging.
     fn flush_pending(&mut self) -> Result<()> {
-        let Some(p) = self.pending.take() else { return Ok(()) };
+        for p in std::mem::take(&mut self.pending) {
+            self.send_piece(p)?;
+        }
+        Ok(())
+    }
+
+    /// Sends one merged range: a write, a COMPRESS, or a deferral until its chunk is registered.
+    fn send_piece(&mut self, p: Piece) -> Result<()> {
         if self.link.negotiated.pin_all {
             return self.write(p);
         }
@@ -499,8 +516,13 @@ impl Engine {
         // SAFETY: the range was checked against the block in `Source::save`.
         if unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) } {
             let entry = Compress { value: 0, block_index: p.block, offset: dest_offset + p.offset, length: p.len };
-            self.link.post_message(CommandType::Compress, |w| w.push(&entry))?;
-            Counters::add(&self.shared.counters.zero_chunks, 1);
+            match self.zeros.last_mut() {
+                Some(z) if z.block_index == entry.block_index && z.offset + z.length == entry.offset => z.length += entry.length,
+                _ => self.zeros.push(entry),
+            }
+            if self.zeros.len() >= self.zero_batch() {
+                self.send_zeros()?;
+            }
             return Ok(());
         }
         self.blocks[p.block as usize].chunks[chunk].awaiting = true;
@@ -517,9 +539,27 @@ impl Engine {
         if self.link.negotiated.extensions { REGISTER_BATCH.min(MAX_REPEAT as usize) } else { 1 }
     }
 
+    /// Sends the batched zero ranges in one COMPRESS message.
+    fn send_zeros(&mut self) -> Result<()> {
+        if self.zeros.is_empty() {
+            return Ok(());
+        }
+        let zeros = std::mem::take(&mut self.zeros);
+        self.link.post_message(CommandType::Compress, |w| zeros.iter().try_for_each(|z| w.push(z)))?;
+        Counters::add(&self.shared.counters.zero_chunks, zeros.len() as u64);
+        Ok(())
+    }
+
+    /// Zero ranges per COMPRESS message: QEMU applies only the first.
+    fn zero_batch(&self) -> usize {
+        if self.link.negotiated.extensions { ZERO_BATCH } else { 1 }
+    }
+
     /// Registers every awaited chunk on the destination (batched toward rdmamig
     /// peers, one per message toward QEMU), then posts the deferred writes.
+    /// Batched zero ranges go first: a chunk's COMPRESS must precede its writes.
     fn register_deferred(&mut self) -> Result<()> {
+        self.send_zeros()?;
         let batch = self.register_batch();
         while !self.to_register.is_empty() {
             let take = self.to_register.len().min(batch);
