@@ -75,9 +75,11 @@ impl Rng {
     }
 }
 
-/// One block layout: (name, length, zero ranges as (offset, length)).
+/// A block: name, length, and its all-zero ranges as (offset, length).
+pub type BlockSpec = (&'static str, u64, Vec<(u64, u64)>);
+
 pub struct Layout {
-    pub blocks: Vec<(&'static str, u64, Vec<(u64, u64)>)>,
+    pub blocks: Vec<BlockSpec>,
 }
 
 impl Layout {
