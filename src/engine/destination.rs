@@ -360,7 +360,7 @@ impl Service {
             let rkey = if let Some(mr) = &self.whole[local] {
                 mr.rkey()
             } else {
-                if self.chunks[local][first].as_ref().is_none_or(|mr| mr.len() as u64 != block.chunk_range(last).1 - block.chunk_range(first).0) {
+                if self.chunks[local][first].as_ref().is_none_or(|mr| (mr.len() as u64) < block.chunk_range(last).1 - block.chunk_range(first).0) {
                     let (start, _) = block.chunk_range(first);
                     let (_, end) = block.chunk_range(last);
                     // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
