@@ -134,6 +134,15 @@ pub fn listen(config: &Config) -> (Listener, u16) {
     (l, port)
 }
 
+/// Connects a source over `src` to a destination over `dst` on a free port
+/// (the destination accepts in a thread). The caller keeps the RAM mapped.
+pub fn connect(src: &RamBlocks, src_config: &Config, dst: RamBlocks, dst_config: &Config) -> (Source, Destination) {
+    let (listener, port) = listen(dst_config);
+    let dest = thread::spawn(move || Destination::accept(&listener, &dst, Some(Duration::from_secs(30))).unwrap());
+    let source = Source::connect(&rdma_ip(), port, src_config, src).unwrap();
+    (source, dest.join().unwrap())
+}
+
 /// Dirty-page bitmap, one bit per page of each block.
 struct Dirty {
     bits: Vec<Vec<AtomicU64>>,
@@ -227,11 +236,8 @@ fn migrate(source_config: Config, dest_config: Config, expect_pin_all: bool) {
     let layout = Layout::standard();
     let src_ram = Arc::new(layout.source_ram(1));
     let dst_ram = layout.dest_ram();
-    let (listener, port) = listen(&dest_config);
-    let dst_registry = layout.registry(&dst_ram, 0);
-    let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
-    let mut source = Source::connect(&rdma_ip(), port, &source_config, &layout.registry(&src_ram, 1 << 40)).unwrap();
-    let dest = dest.join().unwrap();
+    let (mut source, dest) =
+        connect(&layout.registry(&src_ram, 1 << 40), &source_config, layout.registry(&dst_ram, 0), &dest_config);
     assert_eq!(source.negotiated().pin_all, expect_pin_all);
     assert_eq!(dest.negotiated(), source.negotiated());
 
@@ -325,11 +331,9 @@ fn stream_of_10_mib_in_odd_pieces_interleaved_with_windows() {
     let layout = Layout { blocks: vec![("pc.ram", 16 * MIB, vec![])] };
     let src_ram = layout.source_ram(5);
     let dst_ram = layout.dest_ram();
-    let (listener, port) = listen(&Config::default());
-    let dst_registry = layout.registry(&dst_ram, 0);
-    let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &layout.registry(&src_ram, 0)).unwrap();
-    let dest = Arc::new(dest.join().unwrap());
+    let config = Config::default();
+    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    let dest = Arc::new(dest);
 
     const TOTAL: usize = 10 << 20;
     let mut rng = Rng::new(9);
@@ -376,11 +380,9 @@ fn missing_block_fails_on_both_sides() {
     let dest_layout = Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] };
     let src_ram = source_layout.source_ram(3);
     let dst_ram = dest_layout.dest_ram();
-    let (listener, port) = listen(&Config::default());
-    let dst_registry = dest_layout.registry(&dst_ram, 0);
-    let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &source_layout.registry(&src_ram, 0)).unwrap();
-    let dest = dest.join().unwrap();
+    let config = Config::default();
+    let (mut source, dest) =
+        connect(&source_layout.registry(&src_ram, 0), &config, dest_layout.registry(&dst_ram, 0), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, MIB).unwrap();
     let err = source.iteration_end().unwrap_err();
@@ -408,11 +410,8 @@ fn source_abort_reaches_the_destination_as_a_peer_error() {
     let layout = Layout { blocks: vec![("pc.ram", 8 * MIB, vec![])] };
     let src_ram = layout.source_ram(4);
     let dst_ram = layout.dest_ram();
-    let (listener, port) = listen(&Config::default());
-    let dst_registry = layout.registry(&dst_ram, 0);
-    let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &layout.registry(&src_ram, 0)).unwrap();
-    let dest = dest.join().unwrap();
+    let config = Config::default();
+    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, 8 * MIB).unwrap();
     source.iteration_end().unwrap();
