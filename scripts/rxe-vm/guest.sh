@@ -53,6 +53,11 @@ else
     [ -e "/sys/class/net/$IF/device" ] || fail "no network card"
 fi
 ip addr add "$RXE_VM_IP/24" dev "$IF"
+# IPv6 (documentation prefix, never routed) and a host name, for the tests
+# that connect by IPv6 address or by name.
+RXE_VM_IP6=2001:db8::${RXE_VM_IP##*.}
+ip -6 addr add "$RXE_VM_IP6/64" dev "$IF" nodad
+echo "$RXE_VM_IP rxe-vm" >> /etc/hosts
 ip link set "$IF" mtu 9000
 ip link set "$IF" up
 rdma link add rxe0 type rxe netdev "$IF" || fail "rdma link add failed"
@@ -78,9 +83,9 @@ if [ -n "$RXE_VM_PEER_IP" ]; then
 fi
 
 # The command's environment: the host's, plus ours.
-guest=$RXE_VM_GUEST ip=$RXE_VM_IP peer=$RXE_VM_PEER_IP cwd=$RXE_VM_CWD iface=$IF
+guest=$RXE_VM_GUEST ip=$RXE_VM_IP ip6=$RXE_VM_IP6 peer=$RXE_VM_PEER_IP cwd=$RXE_VM_CWD iface=$IF
 . $ctl/env
-export RXE_VM_IP=$ip RXE_VM_DEV=rxe0 RXE_VM_IF=$iface HOME=/root TERM=dumb
+export RXE_VM_IP=$ip RXE_VM_IP6=$ip6 RXE_VM_HOST=rxe-vm RXE_VM_DEV=rxe0 RXE_VM_IF=$iface HOME=/root TERM=dumb
 if [ -n "$peer" ]; then
     export RXE_VM_PEER_IP=$peer RXE_VM_GUEST=$guest PATH="$PATH:/run/rxe-vm-pair/bin"
 else

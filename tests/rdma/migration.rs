@@ -422,3 +422,39 @@ fn source_abort_reaches_the_destination_as_a_peer_error() {
     let err = source.iteration_begin().unwrap_err();
     assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
 }
+
+/// The destination listens on an IPv6 address, then on a host name; a
+/// migration window and a stream message go through each.
+#[test]
+fn ipv6_addresses_and_host_names_connect() {
+    let ip6 = std::env::var("RXE_VM_IP6").expect("RXE_VM_IP6: the RDMA netdev's IPv6 address (the harness sets it)");
+    let host = std::env::var("RXE_VM_HOST").expect("RXE_VM_HOST: a name of the RDMA netdev's address");
+    let layout = Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] };
+    for addr in [ip6.as_str(), host.as_str()] {
+        let src_ram = layout.source_ram(8);
+        let dst_ram = layout.dest_ram();
+        let config = Config::default();
+        let listener = Listener::bind(addr, 0, &config).unwrap_or_else(|e| panic!("listen on {addr}: {e}"));
+        let port = listener.port();
+        let dst_registry = layout.registry(&dst_ram, 0);
+        let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
+        let mut source = Source::connect(addr, port, &config, &layout.registry(&src_ram, 0))
+            .unwrap_or_else(|e| panic!("connect to [{addr}]:{port}: {e}"));
+        let dest = dest.join().unwrap();
+        source.iteration_begin().unwrap();
+        source.save(0, 0, 4 * MIB).unwrap();
+        source.iteration_end().unwrap();
+        source.put(addr.as_bytes()).unwrap();
+        source.flush().unwrap();
+        dest.wait_iteration(1, Some(Duration::from_secs(30))).unwrap();
+        let mut got = vec![0u8; addr.len()];
+        let mut n = 0;
+        while n < got.len() {
+            n += dest.get(&mut got[n..], Some(Duration::from_secs(30))).unwrap();
+        }
+        assert_eq!(got, addr.as_bytes());
+        assert!(src_ram[0].bytes() == dst_ram[0].bytes(), "RAM differs over {addr}");
+        source.close().unwrap();
+        drop(dest);
+    }
+}
