@@ -4,7 +4,7 @@
 #
 #   bash scripts/test.sh
 #
-# TEST_SKIP_RDMA_SUITE=1 skips the last step (loudly), for quick local runs.
+# TEST_SKIP_RDMA_SUITE=1 skips the guest steps (loudly), for quick local runs.
 # Each step prints a banner and its elapsed seconds; the first failing step
 # stops the run with a non-zero exit. Needs root (or sudo) only when system
 # packages are missing.
@@ -91,7 +91,26 @@ install_prerequisites() {
         echo "cbindgen $have"
     fi
 
-    step "fuzz targets build" bash scripts/fuzz.sh build
+    if cargo fuzz --version >/dev/null 2>&1; then
+        cargo fuzz --version
+    else
+        echo "installing cargo-fuzz"
+        cargo install --locked --version 0.13.2 cargo-fuzz
+    fi
+    cargo --version
+    rustc --version
+}
+
+step "prerequisites" install_prerequisites
+step "cargo build --release" cargo build --release
+step "cargo test --release" cargo test --release
+step "cargo clippy" cargo clippy --release --all-targets --features rdma-tests -- -D warnings
+step "header check" bash scripts/check-header.sh
+step "make (versioned .so)" make --no-print-directory
+step "ABI check" bash scripts/check-abi.sh
+step "C tests (make check)" make --no-print-directory c-tests check
+step "install + pkg-config + meson" bash scripts/check-install.sh
+step "fuzz targets build" bash scripts/fuzz.sh build
 if [[ -n "${TEST_SKIP_RDMA_SUITE:-}" ]]; then
     skip "rxe-vm harness tests" "TEST_SKIP_RDMA_SUITE is set"
     skip "RDMA suite (rxe guest)" "TEST_SKIP_RDMA_SUITE is set: this run did NOT test RDMA"
