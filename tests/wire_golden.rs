@@ -172,16 +172,31 @@ fn compress_golden() {
 }
 
 #[test]
-fn block_name_golden() {
+fn block_spec_golden() {
+    // rdmamig extension: length (big-endian u64), then the name, NUL-padded to 256 bytes.
     let mut golden = [0u8; 256];
-    golden[..6].copy_from_slice(&[0x70, 0x63, 0x2e, 0x72, 0x61, 0x6d]); // "pc.ram"
-    let e = BlockName::new("pc.ram").unwrap();
+    golden[..14].copy_from_slice(&[
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, // length 4 GiB
+        0x70, 0x63, 0x2e, 0x72, 0x61, 0x6d, // "pc.ram"
+    ]);
+    let e = BlockSpec::new("pc.ram", 0x1_0000_0000).unwrap();
     assert_eq!(enc(&e), golden);
-    assert_eq!(BlockName::decode(&golden), Ok(e.clone()));
+    assert_eq!(BlockSpec::decode(&golden), Ok(e.clone()));
     // Bytes after the terminator are ignored.
     let mut garbage = golden;
-    garbage[7..].fill(0xee);
-    assert_eq!(BlockName::decode(&garbage), Ok(e));
+    garbage[15..].fill(0xee);
+    assert_eq!(BlockSpec::decode(&garbage), Ok(e));
+
+    // Byte order: length 0x0102030405060708; the longest name, 247 bytes, ends at byte 254.
+    let mut max = [0u8; 256];
+    max[..8].copy_from_slice(&[0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08]);
+    max[8..255].fill(0x78); // 'x' × 247, then the terminator at byte 255
+    let e = BlockSpec::new(&"x".repeat(247), 0x0102_0304_0506_0708).unwrap();
+    assert_eq!(enc(&e), max);
+    assert_eq!(BlockSpec::decode(&max), Ok(e));
+    // Without the terminator the entry is rejected.
+    max[255] = 0x78;
+    assert_eq!(BlockSpec::decode(&max), Err(DecodeError::UnterminatedBlockName));
 }
 
 // ---- whole messages ----
@@ -210,7 +225,7 @@ fn ready_and_friends_golden() {
     let finished = [0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 0];
     assert_eq!(write::<RegisterRequest>(CommandType::RegisterFinished, &[]), finished);
     let blocks_req = [0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 0];
-    assert_eq!(write::<BlockName>(CommandType::RamBlocksRequest, &[]), blocks_req);
+    assert_eq!(write::<BlockSpec>(CommandType::RamBlocksRequest, &[]), blocks_req);
 
     // UNREGISTER_FINISHED echoes the request's repeat.
     let unreg_fin = [0, 0, 0, 0, 0, 0, 0, 11, 0, 0, 0, 3, 0, 0, 0, 0];
@@ -318,14 +333,17 @@ fn ram_blocks_result_message_golden() {
 }
 
 #[test]
-fn ram_blocks_request_with_names_golden() {
-    // rdmamig extension: len = repeat × 256.
+fn ram_blocks_request_with_specs_golden() {
+    // rdmamig extension: len = repeat × 256; each entry is length, then name.
     let mut golden = vec![0u8; 16 + 512];
     golden[..16].copy_from_slice(&[0, 0, 0x02, 0x00, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0]);
-    golden[16..22].copy_from_slice(b"pc.ram");
-    golden[272..279].copy_from_slice(b"pc.bios");
-    let names = [BlockName::new("pc.ram").unwrap(), BlockName::new("pc.bios").unwrap()];
-    assert_eq!(write(CommandType::RamBlocksRequest, &names), golden);
+    golden[16..24].copy_from_slice(&[0x00, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00]); // 128 MiB
+    golden[24..30].copy_from_slice(b"pc.ram");
+    golden[272..280].copy_from_slice(&[0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00]); // 256 KiB
+    golden[280..287].copy_from_slice(b"pc.bios");
+    let specs = [BlockSpec::new("pc.ram", 0x0800_0000).unwrap(), BlockSpec::new("pc.bios", 0x4_0000).unwrap()];
+    assert_eq!(write(CommandType::RamBlocksRequest, &specs), golden);
     let m = decode_message(&golden).unwrap();
-    assert_eq!(m.collect_entries::<BlockName>(), Ok(names.to_vec()));
+    assert_eq!((m.kind, m.repeat), (CommandType::RamBlocksRequest, 2));
+    assert_eq!(m.collect_entries::<BlockSpec>(), Ok(specs.to_vec()));
 }

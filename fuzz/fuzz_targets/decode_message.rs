@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let rs = all::<RegisterResult>(&m);
     let db = all::<DestBlock>(&m);
     let _ = all::<Compress>(&m);
-    let bn = all::<BlockName>(&m);
+    let bs = all::<BlockSpec>(&m);
     let repeat = m.repeat as usize;
     match m.kind {
         CommandType::Error
@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(rs, repeat);
         }
         CommandType::RamBlocksResult => assert_eq!(db * DestBlock::SIZE, m.payload.len()),
-        CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(bn, repeat),
+        CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(bs, repeat),
         _ => {}
     }
     // Re-encoding accepted entries reproduces them.
@@ -51,10 +51,10 @@ fuzz_target!(|data: &[u8]| {
         e.encode(&mut b);
         assert_eq!(RegisterRequest::decode(&b), Ok(e));
     }
-    for e in m.entries::<BlockName>().flatten() {
-        let mut b = [0u8; BlockName::SIZE];
+    for e in m.entries::<BlockSpec>().flatten() {
+        let mut b = [0u8; BlockSpec::SIZE];
         e.encode(&mut b);
-        assert_eq!(BlockName::decode(&b), Ok(e.clone()));
-        assert_eq!(BlockName::new(&e.0), Ok(e));
+        assert_eq!(BlockSpec::decode(&b), Ok(e.clone()));
+        assert_eq!(BlockSpec::new(&e.name, e.length), Ok(e));
     }
 });

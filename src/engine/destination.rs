@@ -18,7 +18,7 @@ use crate::engine::stats::{Counters, Stats};
 use crate::engine::is_zero;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{
-    BlockName, CommandType, Compress, DestBlock, Message, RegisterRequest, RegisterResult, CHUNK_SHIFT,
+    BlockSpec, CommandType, Compress, DestBlock, Message, RegisterRequest, RegisterResult, CHUNK_SHIFT,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -175,7 +175,7 @@ struct Service {
     link: Link,
     ram: RamBlocks,
     shared: Arc<Shared>,
-    /// Local block index of each source block index (identity until the source names its blocks).
+    /// Local block index of each source block index (identity until the source describes its blocks).
     order: Vec<usize>,
     /// Registered ranges per local block, keyed by first chunk; pin-all keeps one whole-block MR.
     chunks: Vec<Vec<Option<MemoryRegion>>>,
@@ -187,7 +187,7 @@ struct Service {
 /// What a received message asks the service to do, once the receive buffer is released.
 enum Request {
     Stream(usize),
-    Blocks(Vec<BlockName>),
+    Blocks(Vec<BlockSpec>),
     Register(Vec<RegisterRequest>),
     Unregister(Vec<RegisterRequest>),
     Zero(Vec<Compress>),
@@ -261,7 +261,7 @@ impl Service {
             };
             match request {
                 Request::Stream(n) => Counters::add(&self.shared.counters.stream_bytes, n as u64),
-                Request::Blocks(names) => self.blocks(names)?,
+                Request::Blocks(specs) => self.blocks(specs)?,
                 Request::Register(r) => self.register(r)?,
                 Request::Unregister(r) => self.unregister(r)?,
                 Request::Zero(z) => self.zero(z)?,
@@ -306,27 +306,47 @@ impl Service {
             })
     }
 
-    fn blocks(&mut self, names: Vec<BlockName>) -> Result<()> {
-        if !names.is_empty() {
-            let found: Vec<Option<usize>> = names.iter().map(|n| self.ram.find(&n.0)).collect();
-            let missing: Vec<&str> = names.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(n, _)| n.0.as_str()).collect();
-            if !missing.is_empty() || names.len() != self.ram.len() {
-                // An empty answer makes the source fail with a count mismatch too.
-                self.link.respond(CommandType::RamBlocksResult, |_| Ok(()))?;
-                return Err(Error::new(
-                    ErrorKind::BlockMismatch,
-                    format!("the source has {} blocks, this side {}; not found here: {missing:?}", names.len(), self.ram.len()),
-                ));
+    /// The local block of each block the source described, checking that the
+    /// two sides have the same blocks with the same lengths.
+    fn source_order(&self, specs: &[BlockSpec]) -> Result<Vec<usize>> {
+        let found: Vec<Option<usize>> = specs.iter().map(|s| self.ram.find(&s.name)).collect();
+        let missing: Vec<&str> = specs.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(s, _)| s.name.as_str()).collect();
+        if !missing.is_empty() || specs.len() != self.ram.len() {
+            return Err(Error::new(
+                ErrorKind::BlockMismatch,
+                format!("the source has {} blocks, this side {}; not found here: {missing:?}", specs.len(), self.ram.len()),
+            ));
+        }
+        let order: Vec<usize> = found.into_iter().flatten().collect();
+        if let Some(dup) = order.iter().enumerate().find(|(i, b)| order[..*i].contains(b)) {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("the source named block '{}' twice", self.ram.blocks()[*dup.1].name),
+            ));
+        }
+        let differ: Vec<String> = specs
+            .iter()
+            .zip(&order)
+            .map(|(s, &local)| (s, &self.ram.blocks()[local]))
+            .filter(|(s, b)| s.length != b.length)
+            .map(|(s, b)| format!("block '{}' has length {:#x} on the source and {:#x} here", b.name, s.length, b.length))
+            .collect();
+        if !differ.is_empty() {
+            return Err(Error::new(ErrorKind::BlockMismatch, differ.join("; ")));
+        }
+        Ok(order)
+    }
+
+    fn blocks(&mut self, specs: Vec<BlockSpec>) -> Result<()> {
+        if !specs.is_empty() {
+            match self.source_order(&specs) {
+                Ok(order) => self.order = order,
+                Err(e) => {
+                    // An empty answer makes the source fail with a count mismatch too.
+                    self.link.respond(CommandType::RamBlocksResult, |_| Ok(()))?;
+                    return Err(e);
+                }
             }
-            let order: Vec<usize> = found.into_iter().flatten().collect();
-            if let Some(dup) = order.iter().enumerate().find(|(i, b)| order[..*i].contains(b)) {
-                self.link.respond(CommandType::RamBlocksResult, |_| Ok(()))?;
-                return Err(Error::new(
-                    ErrorKind::Protocol,
-                    format!("the source named block '{}' twice", self.ram.blocks()[*dup.1].name),
-                ));
-            }
-            self.order = order;
         }
         let mut result = Vec::with_capacity(self.order.len());
         for &local in &self.order {

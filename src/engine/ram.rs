@@ -5,7 +5,7 @@
 //! hypervisor's RAM address space (QEMU's ram_addr_t) and its length. Chunks are
 //! counted from each block's start, as QEMU does.
 
-use crate::wire::{BLOCK_NAME_LEN, CHUNK_SHIFT, CHUNK_SIZE};
+use crate::wire::{BlockSpec, CHUNK_SHIFT, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 
 /// One guest RAM block.
@@ -83,8 +83,8 @@ impl RamBlocks {
     /// long as any connection using this registry exists.
     pub unsafe fn add(&mut self, name: &str, host: *mut u8, offset: u64, length: u64) -> Result<u32> {
         let invalid = |why: String| Err(Error::new(ErrorKind::InvalidArgument, why));
-        if name.is_empty() || name.len() >= BLOCK_NAME_LEN {
-            return invalid(format!("block name must have 1 to {} bytes", BLOCK_NAME_LEN - 1));
+        if name.is_empty() || name.len() > BlockSpec::MAX_NAME_LEN {
+            return invalid(format!("block name must have 1 to {} bytes", BlockSpec::MAX_NAME_LEN));
         }
         if host.is_null() || length == 0 {
             return invalid(format!("block '{name}' needs a host address and a non-zero length"));
@@ -156,9 +156,10 @@ mod tests {
             assert!(r.add("", mem.as_mut_ptr(), 0, 4096).is_err());
             assert!(r.add("b", std::ptr::null_mut(), 0, 4096).is_err());
             assert!(r.add("c", mem.as_mut_ptr(), 0, 0).is_err());
-            assert!(r.add(&"x".repeat(256), mem.as_mut_ptr(), 0, 1).is_err());
+            assert!(r.add(&"x".repeat(BlockSpec::MAX_NAME_LEN + 1), mem.as_mut_ptr(), 0, 1).is_err());
+            assert_eq!(r.add(&"x".repeat(BlockSpec::MAX_NAME_LEN), mem.as_mut_ptr(), 0, 1).unwrap(), 1);
         }
         assert_eq!(r.find("a"), Some(0));
-        assert!(r.get(1).is_err());
+        assert!(r.get(2).is_err());
     }
 }

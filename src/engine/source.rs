@@ -17,7 +17,7 @@ use crate::engine::sync::{Done, StickyError};
 use crate::engine::{is_zero, Config};
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
-    BlockName, CommandType, Compress, DestBlock, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD,
+    BlockSpec, CommandType, Compress, DestBlock, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD,
     MAX_REPEAT, SEND_INCREMENT,
 };
 use crate::{Error, ErrorKind, Result};
@@ -428,14 +428,14 @@ impl Engine {
                 self.shared.counters.pin(b.length);
             }
         }
-        let names: Vec<BlockName> = if self.link.negotiated.extensions {
-            self.ram.blocks().iter().map(|b| BlockName::new(&b.name)).collect::<std::result::Result<_, _>>().map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
+        let specs: Vec<BlockSpec> = if self.link.negotiated.extensions {
+            self.ram.blocks().iter().map(|b| BlockSpec::new(&b.name, b.length)).collect::<std::result::Result<_, _>>().map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
         } else {
             Vec::new()
         };
         let theirs: Vec<DestBlock> = self.link.request(
             CommandType::RamBlocksRequest,
-            |w| names.iter().try_for_each(|n| w.push(n)),
+            |w| specs.iter().try_for_each(|s| w.push(s)),
             CommandType::RamBlocksResult,
             |m| m.collect_entries::<DestBlock>().map_err(protocol),
         )?;

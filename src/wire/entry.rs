@@ -1,7 +1,7 @@
-//! Fixed-size payload entries (fact sheet §3), plus the rdmamig block-name extension.
+//! Fixed-size payload entries (fact sheet §3), plus the rdmamig block-spec extension.
 
 use super::error::{DecodeError, EncodeError};
-use super::{be32, be64, BLOCK_NAME_LEN};
+use super::{be32, be64, BLOCK_SPEC_LEN};
 
 /// A fixed-size payload entry.
 ///
@@ -168,42 +168,48 @@ impl Entry for Compress {
     }
 }
 
-/// rdmamig extension: a RAM_BLOCKS_REQUEST entry naming one source block
-/// (256 bytes: the UTF-8 name, then NUL padding).
+/// rdmamig extension: a RAM_BLOCKS_REQUEST entry describing one source block
+/// (256 bytes: at offset 0 the block length as a big-endian u64, at 8..256 the
+/// UTF-8 name, then NUL padding).
 ///
-/// A valid name is 1..=255 bytes with no NUL, so the encoding always holds a
-/// terminator. Build one with [`BlockName::new`]. The field is public, so an
-/// invalid name can still be constructed directly: [`check`](Entry::check)
-/// (hence `MessageWriter::push`) rejects it, and a direct `encode` does not
-/// panic but writes the name cut at its first NUL or at the last character
-/// boundary within 255 bytes.
+/// A valid name is 1..=[`MAX_NAME_LEN`](Self::MAX_NAME_LEN) (247) bytes with no
+/// NUL, so the encoding always holds a terminator. Build one with
+/// [`BlockSpec::new`]. The fields are public, so an invalid name can still be
+/// constructed directly: [`check`](Entry::check) (hence `MessageWriter::push`)
+/// rejects it, and a direct `encode` does not panic but writes the name cut at
+/// its first NUL or at the last character boundary within 247 bytes.
 ///
-/// `decode` takes the bytes before the first NUL (the rest is ignored); they
-/// must be non-empty UTF-8, and a NUL must occur within the 256 bytes.
+/// `decode` takes the length, then the name bytes before the first NUL (the
+/// rest is ignored); they must be non-empty UTF-8, and a NUL must occur within
+/// the 248 name bytes. Any length is accepted; comparing it with the local
+/// block is the receiver's business.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct BlockName(pub String);
+pub struct BlockSpec {
+    /// Length of the block in bytes.
+    pub length: u64,
+    /// The block's name (QEMU's RAMBlock idstr).
+    pub name: String,
+}
 
-impl BlockName {
+impl BlockSpec {
+    /// Offset of the name in the entry.
+    const NAME_OFFSET: usize = 8;
+
     /// Longest valid name in bytes (one byte is kept for the NUL terminator).
-    pub const MAX_LEN: usize = BLOCK_NAME_LEN - 1;
+    pub const MAX_NAME_LEN: usize = BLOCK_SPEC_LEN - Self::NAME_OFFSET - 1;
 
-    /// A block name, if `name` is 1..=255 bytes without NUL.
-    pub fn new(name: &str) -> Result<Self, EncodeError> {
+    /// A block spec, if `name` is 1..=247 bytes without NUL.
+    pub fn new(name: &str, length: u64) -> Result<Self, EncodeError> {
         Self::validate(name)?;
-        Ok(BlockName(name.to_owned()))
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
+        Ok(BlockSpec { length, name: name.to_owned() })
     }
 
     fn validate(name: &str) -> Result<(), EncodeError> {
         if name.is_empty() {
             return Err(EncodeError::EmptyBlockName);
         }
-        if name.len() > Self::MAX_LEN {
-            return Err(EncodeError::BlockNameTooLong { len: name.len(), max: Self::MAX_LEN });
+        if name.len() > Self::MAX_NAME_LEN {
+            return Err(EncodeError::BlockNameTooLong { len: name.len(), max: Self::MAX_NAME_LEN });
         }
         if let Some(at) = name.bytes().position(|c| c == 0) {
             return Err(EncodeError::BlockNameContainsNul { at });
@@ -212,41 +218,36 @@ impl BlockName {
     }
 }
 
-impl TryFrom<&str> for BlockName {
-    type Error = EncodeError;
-    fn try_from(s: &str) -> Result<Self, EncodeError> {
-        BlockName::new(s)
-    }
-}
-
-impl Entry for BlockName {
-    const SIZE: usize = BLOCK_NAME_LEN;
+impl Entry for BlockSpec {
+    const SIZE: usize = BLOCK_SPEC_LEN;
 
     fn encode(&self, out: &mut [u8]) {
         let out = &mut out[..Self::SIZE];
-        let s = self.0.as_str();
-        let mut n = s.len().min(Self::MAX_LEN);
+        put64(out, 0, self.length);
+        let s = self.name.as_str();
+        let mut n = s.bytes().position(|c| c == 0).unwrap_or(s.len()).min(Self::MAX_NAME_LEN);
         while !s.is_char_boundary(n) {
             n -= 1;
         }
-        out[..n].copy_from_slice(&s.as_bytes()[..n]);
-        out[n..].fill(0);
+        let name = &mut out[Self::NAME_OFFSET..];
+        name[..n].copy_from_slice(&s.as_bytes()[..n]);
+        name[n..].fill(0);
     }
 
     fn decode(b: &[u8]) -> Result<Self, DecodeError> {
-        need("BlockName entry", Self::SIZE, b)?;
-        let b = &b[..Self::SIZE];
-        let n = b.iter().position(|&c| c == 0).ok_or(DecodeError::UnterminatedBlockName)?;
+        need("BlockSpec entry", Self::SIZE, b)?;
+        let name = &b[Self::NAME_OFFSET..Self::SIZE];
+        let n = name.iter().position(|&c| c == 0).ok_or(DecodeError::UnterminatedBlockName)?;
         if n == 0 {
             return Err(DecodeError::EmptyBlockName);
         }
-        match std::str::from_utf8(&b[..n]) {
-            Ok(s) => Ok(BlockName(s.to_owned())),
+        match std::str::from_utf8(&name[..n]) {
+            Ok(s) => Ok(BlockSpec { length: be64(b, 0), name: s.to_owned() }),
             Err(e) => Err(DecodeError::BlockNameNotUtf8 { valid_up_to: e.valid_up_to() }),
         }
     }
 
     fn check(&self) -> Result<(), EncodeError> {
-        Self::validate(&self.0)
+        Self::validate(&self.name)
     }
 }

@@ -34,11 +34,11 @@ pub enum DecodeError {
     TrailingBytes { entry_size: usize, remaining: usize },
     /// A COMPRESS entry with a fill value other than 0 (QEMU ≥ 8.2 rejects it too).
     CompressNonZeroValue { value: u32 },
-    /// A block-name entry whose first byte is NUL.
+    /// A block-spec entry whose name's first byte is NUL.
     EmptyBlockName,
-    /// A block-name entry with no NUL terminator inside its 256 bytes.
+    /// A block-spec entry with no NUL terminator inside its 248 name bytes.
     UnterminatedBlockName,
-    /// A block-name entry that is not valid UTF-8; `valid_up_to` bytes were valid.
+    /// A block-spec entry whose name is not valid UTF-8; `valid_up_to` bytes of the name were valid.
     BlockNameNotUtf8 { valid_up_to: usize },
 }
 
@@ -84,11 +84,11 @@ impl fmt::Display for DecodeError {
             }
             EmptyBlockName => write!(f, "empty RAM block name"),
             UnterminatedBlockName => {
-                write!(f, "RAM block name is not NUL-terminated within 256 bytes")
+                write!(f, "RAM block name is not NUL-terminated within 248 bytes")
             }
             BlockNameNotUtf8 { valid_up_to } => write!(
                 f,
-                "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to})"
+                "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to} of the name)"
             ),
         }
     }

@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use super::entry::{BlockName, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
+use super::entry::{BlockSpec, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
 use super::{CONTROL_HEADER_LEN, MAX_PAYLOAD, MAX_REPEAT};
@@ -104,7 +104,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// |---|---|
 /// | ERROR, READY, REGISTER_FINISHED, UNREGISTER_FINISHED | `len == 0` (any repeat) |
 /// | QEMU_FILE | any `len`, including 0 |
-/// | RAM_BLOCKS_REQUEST | `len == 0`, or `len == repeat × 256` (block-name extension) |
+/// | RAM_BLOCKS_REQUEST | `len == 0`, or `len == repeat × 256` (block-spec extension) |
 /// | RAM_BLOCKS_RESULT | `len % 32 == 0` (QEMU sends repeat 1 for n entries) |
 /// | REGISTER_REQUEST, UNREGISTER_REQUEST, COMPRESS | `repeat ≥ 1`, `len == repeat × 24` |
 /// | REGISTER_RESULT | `repeat ≥ 1`, `len == repeat × 16` |
@@ -134,7 +134,7 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
         T::QemuFile => {}
         T::RamBlocksRequest => {
             if len != 0 {
-                exact_entries(kind, len, repeat, BlockName::SIZE)?;
+                exact_entries(kind, len, repeat, BlockSpec::SIZE)?;
             }
         }
         T::RamBlocksResult => {
@@ -165,7 +165,7 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
 ///   then up to 16383 entries fit, not only 4096);
 /// * other types with entries pushed: the number of entries;
 /// * no entries pushed (READY, ERROR, REGISTER_FINISHED, RAM_BLOCKS_REQUEST
-///   without names, ...): 1.
+///   without block specs, ...): 1.
 ///
 /// The writer does not enforce per-type rules: pushing nothing into a
 /// REGISTER_REQUEST writes a message that [`decode_message`] rejects. QEMU

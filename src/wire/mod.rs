@@ -12,8 +12,9 @@
 //! * [`MessageWriter`]: builds a message in a send buffer.
 //!
 //! Layouts follow the protocol fact sheet (`qemu-rdma-protocol.md` §1.4, §2, §3).
-//! The one rdmamig extension is [`BlockName`] entries in RAM_BLOCKS_REQUEST
-//! (len = repeat × 256), which QEMU never sends and a QEMU destination would ignore.
+//! The one rdmamig extension is [`BlockSpec`] entries in RAM_BLOCKS_REQUEST
+//! (len = repeat × 256; each entry: block length as a big-endian u64, then the
+//! NUL-padded name), which QEMU never sends and a QEMU destination would ignore.
 
 mod entry;
 mod error;
@@ -23,7 +24,7 @@ mod message;
 #[cfg(test)]
 mod tests;
 
-pub use entry::{BlockName, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
+pub use entry::{BlockSpec, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
 pub use error::{DecodeError, EncodeError};
 pub use header::{decode_header, encode_header, Capabilities, CommandType, ControlHeader};
 pub use message::{decode_message, Entries, Message, MessageWriter};
@@ -46,13 +47,13 @@ pub const SEND_INCREMENT: usize = 32768;
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Capability: the destination pins (registers) all RAM up front.
 pub const CAP_PIN_ALL: u32 = 0x1;
-/// Capability: rdmamig-only extensions (block names in RAM_BLOCKS_REQUEST).
+/// Capability: rdmamig-only extensions (block names and lengths in RAM_BLOCKS_REQUEST).
 /// QEMU masks it away, so it is only ever set between two rdmamig peers.
 pub const CAP_RDMAMIG_EXT: u32 = 0x8000_0000;
 /// Every capability bit rdmamig understands.
 pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT;
-/// Size of a [`BlockName`] entry.
-pub const BLOCK_NAME_LEN: usize = 256;
+/// Size of a [`BlockSpec`] entry.
+pub const BLOCK_SPEC_LEN: usize = 256;
 
 const _: () = assert!(MAX_PAYLOAD == 524272);
 const _: () = assert!(CHUNK_SIZE == 1 << 20);

@@ -48,12 +48,13 @@ fn constants() {
     assert_eq!(CAP_PIN_ALL, 1);
     assert_eq!(CAP_RDMAMIG_EXT, 0x8000_0000);
     assert_eq!(KNOWN_CAPS, 0x8000_0001);
-    assert_eq!(BLOCK_NAME_LEN, 256);
+    assert_eq!(BLOCK_SPEC_LEN, 256);
     assert_eq!(RegisterRequest::SIZE, 24);
     assert_eq!(RegisterResult::SIZE, 16);
     assert_eq!(DestBlock::SIZE, 32);
     assert_eq!(Compress::SIZE, 24);
-    assert_eq!(BlockName::SIZE, 256);
+    assert_eq!(BlockSpec::SIZE, 256);
+    assert_eq!(BlockSpec::MAX_NAME_LEN, 247);
 }
 
 #[test]
@@ -176,12 +177,14 @@ fn ram_blocks_request_rules() {
     assert!(decode_message(&msg(t, 1, &[])).is_ok());
     assert!(decode_message(&msg(t, 0, &[])).is_ok());
     let mut names = vec![0u8; 512];
-    names[0] = b'a';
-    names[256] = b'b';
+    names[7] = 1;
+    names[8] = b'a';
+    names[256 + 6] = 2;
+    names[256 + 8] = b'b';
     let b = msg(t, 2, &names);
     let m = decode_message(&b).unwrap();
-    let got: Vec<BlockName> = m.collect_entries().unwrap();
-    assert_eq!(got, vec![BlockName::new("a").unwrap(), BlockName::new("b").unwrap()]);
+    let got: Vec<BlockSpec> = m.collect_entries().unwrap();
+    assert_eq!(got, vec![BlockSpec::new("a", 1).unwrap(), BlockSpec::new("b", 0x200).unwrap()]);
     assert_eq!(
         decode_message(&msg(t, 1, &names)),
         Err(DecodeError::PayloadSizeMismatch { kind: t, len: 512, repeat: 1, entry_size: 256 })
@@ -278,52 +281,68 @@ fn entry_decoders_reject_short_input() {
     assert!(matches!(RegisterResult::decode(&[0; 15]), Err(DecodeError::TooShort { needed: 16, got: 15, .. })));
     assert!(matches!(DestBlock::decode(&[0; 31]), Err(DecodeError::TooShort { needed: 32, got: 31, .. })));
     assert!(matches!(Compress::decode(&[]), Err(DecodeError::TooShort { needed: 24, got: 0, .. })));
-    assert!(matches!(BlockName::decode(&[b'a', 0]), Err(DecodeError::TooShort { needed: 256, got: 2, .. })));
+    assert!(matches!(BlockSpec::decode(&[0; 255]), Err(DecodeError::TooShort { needed: 256, got: 255, .. })));
     assert!(matches!(Capabilities::decode(&[0; 7]), Err(DecodeError::TooShort { needed: 8, got: 7, .. })));
 }
 
 #[test]
-fn block_name_decode_errors() {
+fn block_spec_decode_errors() {
     let mut b = [0u8; 256];
-    assert_eq!(BlockName::decode(&b), Err(DecodeError::EmptyBlockName));
-    b[1] = b'x'; // bytes after the first NUL do not count
-    assert_eq!(BlockName::decode(&b), Err(DecodeError::EmptyBlockName));
-    let full = [b'a'; 256];
-    assert_eq!(BlockName::decode(&full), Err(DecodeError::UnterminatedBlockName));
+    b[..8].copy_from_slice(&[0xff; 8]); // the length does not count
+    assert_eq!(BlockSpec::decode(&b), Err(DecodeError::EmptyBlockName));
+    b[9] = b'x'; // bytes after the first NUL do not count
+    assert_eq!(BlockSpec::decode(&b), Err(DecodeError::EmptyBlockName));
+    let mut full = [b'a'; 256];
+    full[..8].fill(0); // a NUL in the length is no terminator
+    assert_eq!(BlockSpec::decode(&full), Err(DecodeError::UnterminatedBlockName));
     let mut bad = [0u8; 256];
-    bad[..3].copy_from_slice(&[b'o', b'k', 0xff]);
-    assert_eq!(BlockName::decode(&bad), Err(DecodeError::BlockNameNotUtf8 { valid_up_to: 2 }));
-    // 255 bytes + NUL is the longest name.
+    bad[8..11].copy_from_slice(&[b'o', b'k', 0xff]);
+    assert_eq!(BlockSpec::decode(&bad), Err(DecodeError::BlockNameNotUtf8 { valid_up_to: 2 }));
+    // 247 bytes + NUL is the longest name.
     let mut max = [b'z'; 256];
     max[255] = 0;
-    assert_eq!(BlockName::decode(&max).unwrap().0.len(), 255);
+    let spec = BlockSpec::decode(&max).unwrap();
+    assert_eq!(spec.name.len(), 247);
+    assert_eq!(spec.length, 0x7a7a_7a7a_7a7a_7a7a);
+    // Longer input is fine; only the first 256 bytes count.
+    let mut longer = [0u8; 300];
+    longer[8] = b'a';
+    longer[256..].fill(b'b');
+    assert_eq!(BlockSpec::decode(&longer), Ok(BlockSpec::new("a", 0).unwrap()));
 }
 
 #[test]
-fn block_name_new_errors() {
-    assert_eq!(BlockName::new(""), Err(EncodeError::EmptyBlockName));
-    assert_eq!(BlockName::new(&"a".repeat(256)), Err(EncodeError::BlockNameTooLong { len: 256, max: 255 }));
-    assert_eq!(BlockName::new(&"a".repeat(1000)), Err(EncodeError::BlockNameTooLong { len: 1000, max: 255 }));
-    assert_eq!(BlockName::new("a\0b"), Err(EncodeError::BlockNameContainsNul { at: 1 }));
-    assert!(BlockName::new(&"a".repeat(255)).is_ok());
-    assert_eq!(BlockName::try_from("pc.ram").unwrap().as_str(), "pc.ram");
+fn block_spec_new_errors() {
+    assert_eq!(BlockSpec::new("", 1), Err(EncodeError::EmptyBlockName));
+    assert_eq!(BlockSpec::new(&"a".repeat(248), 1), Err(EncodeError::BlockNameTooLong { len: 248, max: 247 }));
+    assert_eq!(BlockSpec::new(&"a".repeat(1000), 1), Err(EncodeError::BlockNameTooLong { len: 1000, max: 247 }));
+    assert_eq!(BlockSpec::new("a\0b", 1), Err(EncodeError::BlockNameContainsNul { at: 1 }));
+    assert!(BlockSpec::new(&"a".repeat(247), u64::MAX).is_ok());
+    assert_eq!(BlockSpec::new("pc.ram", 42), Ok(BlockSpec { length: 42, name: "pc.ram".into() }));
 }
 
 #[test]
-fn block_name_invalid_encode_does_not_panic() {
-    // Built directly through the public field: encode truncates at a char boundary.
-    let long = BlockName("é".repeat(200)); // 400 bytes
+fn block_spec_invalid_encode_does_not_panic() {
+    // Built directly through the public fields: encode truncates at a char boundary.
+    let long = BlockSpec { length: 7, name: "é".repeat(200) }; // 400 bytes
     let mut out = [0xaau8; 256];
     long.encode(&mut out);
-    assert_eq!(out[254..], [0, 0]); // 127 × 2 bytes = 254, then NUL padding
-    assert_eq!(BlockName::decode(&out).unwrap().0, "é".repeat(127));
-    BlockName(String::new()).encode(&mut out);
+    assert_eq!(out[..8], 7u64.to_be_bytes());
+    assert_eq!(out[8 + 246..], [0, 0]); // 123 × 2 bytes = 246, then NUL padding
+    assert_eq!(BlockSpec::decode(&out).unwrap().name, "é".repeat(123));
+    // Cut at the first NUL; all after it is padding.
+    BlockSpec { length: 0, name: "a\0b".into() }.encode(&mut out);
+    let mut want = [0u8; 256];
+    want[8] = b'a';
+    assert_eq!(out, want);
+    BlockSpec { length: 0, name: String::new() }.encode(&mut out);
     assert_eq!(out, [0; 256]);
-    // And the writer refuses it.
+    // And the writer refuses them.
     let mut buf = [0u8; 1024];
     let mut w = MessageWriter::new(&mut buf, CommandType::RamBlocksRequest);
-    assert_eq!(w.push(&long), Err(EncodeError::BlockNameTooLong { len: 400, max: 255 }));
-    assert_eq!(w.push(&BlockName("a\0".into())), Err(EncodeError::BlockNameContainsNul { at: 1 }));
+    assert_eq!(w.push(&long), Err(EncodeError::BlockNameTooLong { len: 400, max: 247 }));
+    assert_eq!(w.push(&BlockSpec { length: 1, name: "a\0".into() }), Err(EncodeError::BlockNameContainsNul { at: 1 }));
+    assert_eq!(w.push(&BlockSpec { length: 1, name: String::new() }), Err(EncodeError::EmptyBlockName));
     assert_eq!(w.entry_count(), 0);
     assert_eq!(w.finish(), 16);
 }
@@ -438,13 +457,16 @@ fn arb_type() -> impl Strategy<Value = CommandType> {
     (0u32..12).prop_map(|v| CommandType::try_from(v).unwrap())
 }
 
-fn arb_block_name() -> impl Strategy<Value = BlockName> {
-    prop_oneof![
-        "[a-zA-Z0-9./@_-]{1,255}",
-        // Any non-control characters; 63 chars × ≤ 4 bytes ≤ 252 bytes.
-        "\\PC{1,63}",
-    ]
-    .prop_map(|s| BlockName::new(&s).unwrap())
+fn arb_block_spec() -> impl Strategy<Value = BlockSpec> {
+    (
+        prop_oneof![
+            "[a-zA-Z0-9./@_-]{1,247}",
+            // Any non-control characters; 61 chars × ≤ 4 bytes ≤ 244 bytes.
+            "\\PC{1,61}",
+        ],
+        any::<u64>(),
+    )
+        .prop_map(|(s, length)| BlockSpec::new(&s, length).unwrap())
 }
 
 fn arb_register_request() -> impl Strategy<Value = RegisterRequest> {
@@ -533,18 +555,19 @@ proptest! {
         rs in arb_register_result(),
         db in arb_dest_block(),
         c in arb_compress(),
-        n in arb_block_name(),
+        n in arb_block_spec(),
     ) {
         entry_round_trip(&rr, 12..16);
         entry_round_trip(&rs, 4..8);
         entry_round_trip(&db, 28..32);
         entry_round_trip(&c, 0..0);
         // The NUL terminator is not padding; everything after it is.
-        entry_round_trip(&n, n.0.len() + 1..256);
+        entry_round_trip(&n, 8 + n.name.len() + 1..256);
         let mut out = [0xffu8; 256];
         n.encode(&mut out);
-        prop_assert_eq!(&out[..n.0.len()], n.0.as_bytes());
-        prop_assert!(out[n.0.len()..].iter().all(|&b| b == 0));
+        prop_assert_eq!(&out[..8], &n.length.to_be_bytes()[..]);
+        prop_assert_eq!(&out[8..8 + n.name.len()], n.name.as_bytes());
+        prop_assert!(out[8 + n.name.len()..].iter().all(|&b| b == 0));
     }
 
     #[test]
@@ -553,7 +576,7 @@ proptest! {
         rs in proptest::collection::vec(arb_register_result(), 1..64),
         db in proptest::collection::vec(arb_dest_block(), 0..64),
         c in proptest::collection::vec(arb_compress(), 1..64),
-        names in proptest::collection::vec(arb_block_name(), 0..16),
+        specs in proptest::collection::vec(arb_block_spec(), 0..16),
         data in proptest::collection::vec(any::<u8>(), 0..4096),
     ) {
         message_round_trip(CommandType::RegisterRequest, &rr);
@@ -561,7 +584,7 @@ proptest! {
         message_round_trip(CommandType::RegisterResult, &rs);
         message_round_trip(CommandType::RamBlocksResult, &db);
         message_round_trip(CommandType::Compress, &c);
-        message_round_trip(CommandType::RamBlocksRequest, &names);
+        message_round_trip(CommandType::RamBlocksRequest, &specs);
 
         let mut buf = vec![0u8; 16 + data.len()];
         let mut w = MessageWriter::new(&mut buf, CommandType::QemuFile);
@@ -604,7 +627,7 @@ fn check_any(b: &[u8]) {
     let _ = RegisterResult::decode(b);
     let _ = DestBlock::decode(b);
     let _ = Compress::decode(b);
-    let _ = BlockName::decode(b);
+    let _ = BlockSpec::decode(b);
     if let Ok(h) = decode_header(b) {
         // Re-encoding reproduces the first 12 bytes; padding becomes zero.
         let mut out = [0u8; 16];
@@ -622,14 +645,14 @@ fn check_any(b: &[u8]) {
         let n_rs = m.entries::<RegisterResult>().count();
         let n_db = m.entries::<DestBlock>().count();
         let _ = m.entries::<Compress>().count();
-        let n_bn = m.entries::<BlockName>().count();
+        let n_bs = m.entries::<BlockSpec>().count();
         match m.kind {
             CommandType::RegisterRequest | CommandType::UnregisterRequest | CommandType::Compress => {
                 assert_eq!(n_rr, m.repeat as usize)
             }
             CommandType::RegisterResult => assert_eq!(n_rs, m.repeat as usize),
             CommandType::RamBlocksResult => assert_eq!(n_db * 32, m.payload.len()),
-            CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(n_bn, m.repeat as usize),
+            CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(n_bs, m.repeat as usize),
             _ => {}
         }
     }

@@ -395,6 +395,26 @@ fn missing_block_fails_on_both_sides() {
 }
 
 #[test]
+fn length_mismatch_fails_on_both_sides() {
+    let source_layout = Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] };
+    let dest_layout = Layout { blocks: vec![("pc.ram", 8 * MIB, vec![])] };
+    let src_ram = source_layout.source_ram(3);
+    let dst_ram = dest_layout.dest_ram();
+    let config = Config::default();
+    let (mut source, dest) =
+        connect(&source_layout.registry(&src_ram, 0), &config, dest_layout.registry(&dst_ram, 0), &config);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, MIB).unwrap();
+    let err = source.iteration_end().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::BlockMismatch, "{err}");
+    let err = dest.wait_iteration(1, Some(Duration::from_secs(30))).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::BlockMismatch, "{err}");
+    assert!(err.message.contains("pc.ram"), "{err}");
+    assert!(err.message.contains("0x400000") && err.message.contains("0x800000"), "{err}");
+    assert_eq!(source.iteration_begin().unwrap_err().kind, ErrorKind::BlockMismatch);
+}
+
+#[test]
 fn connecting_where_nobody_listens_is_a_connect_error() {
     // Bind and drop a listener to find a port that is free now.
     let port = listen(&Config::default()).1;
