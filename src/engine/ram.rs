@@ -83,8 +83,9 @@ impl RamBlocks {
     /// long as any connection using this registry exists.
     pub unsafe fn add(&mut self, name: &str, host: *mut u8, offset: u64, length: u64) -> Result<u32> {
         let invalid = |why: String| Err(Error::new(ErrorKind::InvalidArgument, why));
-        if name.is_empty() || name.len() > BlockSpec::MAX_NAME_LEN {
-            return invalid(format!("block name must have 1 to {} bytes", BlockSpec::MAX_NAME_LEN));
+        // The name must fit the rdmamig extension's block entry.
+        if let Err(e) = BlockSpec::new(name, length) {
+            return invalid(format!("block name {name:?}: {e}"));
         }
         if host.is_null() || length == 0 {
             return invalid(format!("block '{name}' needs a host address and a non-zero length"));
@@ -157,6 +158,7 @@ mod tests {
             assert!(r.add("b", std::ptr::null_mut(), 0, 4096).is_err());
             assert!(r.add("c", mem.as_mut_ptr(), 0, 0).is_err());
             assert!(r.add(&"x".repeat(BlockSpec::MAX_NAME_LEN + 1), mem.as_mut_ptr(), 0, 1).is_err());
+            assert!(r.add("a\0b", mem.as_mut_ptr(), 0, 1).is_err());
             assert_eq!(r.add(&"x".repeat(BlockSpec::MAX_NAME_LEN), mem.as_mut_ptr(), 0, 1).unwrap(), 1);
         }
         assert_eq!(r.find("a"), Some(0));

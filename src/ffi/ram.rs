@@ -54,7 +54,7 @@ pub extern "C" fn rdmamig_ram_free(ram: *mut rdmamig_ram) {
 
 /// Adds a block of guest RAM: `length` bytes of host memory at `host`, at
 /// `offset` in the hypervisor's RAM address space (QEMU's ram_addr_t), named
-/// `name` (UTF-8, 1 to 63 bytes, unique in the registry).
+/// `name` (UTF-8, 1 to 247 bytes, unique in the registry).
 ///
 /// On `RDMAMIG_OK` the block's index is stored in `*index_out`, which may be
 /// NULL when the caller does not need it; indexes count from 0 in the order
