@@ -34,8 +34,8 @@ const WRID_WRITE: u64 = 1 << 63;
 
 /// Receive slots. `INCOMING` takes READY on the source and every message on the
 /// destination; `RESPONSE` takes the answer to a request.
-pub(crate) const INCOMING: usize = 0;
-pub(crate) const RESPONSE: usize = 1;
+const INCOMING: usize = 0;
+const RESPONSE: usize = 1;
 
 /// Queue sizes as QEMU uses them (512 send WRs, at most 2 RECVs outstanding).
 const SEND_QUEUE_DEPTH: u32 = 512;
@@ -495,12 +495,9 @@ impl Link {
         Ok(seq)
     }
 
-    pub fn writes_in_flight(&self) -> u64 {
-        self.writes_posted - self.writes_completed
-    }
-
-    pub fn writes_posted(&self) -> u64 {
-        self.writes_posted
+    /// Writes known to be complete: every write up to this sequence number.
+    pub fn writes_completed(&self) -> u64 {
+        self.writes_completed
     }
 
     /// Waits until write `seq` (and so every write before it) has completed.

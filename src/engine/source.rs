@@ -338,15 +338,17 @@ impl Engine {
     fn run(mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the transfer thread panicked")));
-        if let Err(e) = result {
-            if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
-                self.link.send_error();
+        let ended = match result {
+            Ok(()) => Error::new(ErrorKind::Aborted, "the connection is closed"),
+            Err(e) => {
+                if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
+                    self.link.send_error();
+                }
+                e
             }
-            self.shared.error.set(e);
-        }
-        // Fail whatever still waits in the queue; later calls see the stored error.
-        let stored = self.shared.error.get().unwrap_or_else(|| Error::new(ErrorKind::Aborted, "the connection is closed"));
-        self.shared.error.set(stored.clone());
+        };
+        // Later calls see the stored error; so does whatever still waits in the queue.
+        let stored = self.shared.error.set(ended);
         while let Some(cmd) = self.shared.queue.pop() {
             if let Some(d) = cmd.done() {
                 d.set(Err(stored.clone()));
@@ -639,7 +641,7 @@ impl Engine {
 
     /// Forgets writes known to be complete.
     fn retire_completed(&mut self) {
-        let done = self.link.writes_posted() - self.link.writes_in_flight();
+        let done = self.link.writes_completed();
         while let Some(&(seq, bytes)) = self.inflight.front() {
             if seq > done {
                 break;

@@ -42,8 +42,9 @@ impl Done {
 pub(crate) struct StickyError(Mutex<Option<Error>>);
 
 impl StickyError {
-    pub fn set(&self, e: Error) {
-        self.0.lock().get_or_insert(e);
+    /// Keeps `e` unless an error is stored already; returns the stored one.
+    pub fn set(&self, e: Error) -> Error {
+        self.0.lock().get_or_insert(e).clone()
     }
 
     pub fn get(&self) -> Option<Error> {
