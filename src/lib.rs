@@ -14,11 +14,11 @@
 //! `put`/`flush`; the destination reads it with `get` and learns of finished
 //! windows with `wait_iteration`.
 
-pub mod error;
-pub mod wire;
-pub mod verbs;
 pub mod engine;
+pub mod error;
 mod ffi;
+pub mod verbs;
+pub mod wire;
 
 pub use engine::{Config, Destination, Listener, Negotiated, RamBlock, RamBlocks, Source, Stats};
 pub use error::{Error, ErrorKind, Result};

@@ -12,14 +12,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::engine::is_zero;
 use crate::engine::link::{protocol_error, Link, Listener, Negotiated};
 use crate::engine::ram::{chunk_count, RamBlock, RamBlocks};
 use crate::engine::stats::{Counters, Stats};
-use crate::engine::is_zero;
 use crate::verbs::{Access, MemoryRegion};
-use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, Message, RegisterRequest, RegisterResult, CHUNK_SHIFT,
-};
+use crate::wire::{BlockSpec, CommandType, Compress, DestBlock, Message, RegisterRequest, RegisterResult, CHUNK_SHIFT};
 use crate::{Error, ErrorKind, Result};
 
 /// Stream bytes buffered at most before the service thread stops granting credits.
@@ -249,7 +247,10 @@ impl Service {
                     CommandType::Compress => Request::Zero(entries(m)?),
                     CommandType::RegisterFinished => Request::Finished,
                     other => {
-                        return Err(Error::new(ErrorKind::Protocol, format!("unexpected {other:?} message from the source")))
+                        return Err(Error::new(
+                            ErrorKind::Protocol,
+                            format!("unexpected {other:?} message from the source"),
+                        ))
                     }
                 })
             })?;
@@ -296,25 +297,31 @@ impl Service {
 
     /// Offset within the block of an address in our RAM address space, checking `[addr, addr+len)` lies in it.
     fn block_offset(block: &RamBlock, addr: u64, len: u64) -> Result<u64> {
-        addr.checked_sub(block.offset)
-            .filter(|&off| block.check_range(off, len).is_ok())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Protocol,
-                    format!("range {addr:#x}+{len:#x} lies outside block '{}' ({:#x}+{:#x})", block.name, block.offset, block.length),
-                )
-            })
+        addr.checked_sub(block.offset).filter(|&off| block.check_range(off, len).is_ok()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "range {addr:#x}+{len:#x} lies outside block '{}' ({:#x}+{:#x})",
+                    block.name, block.offset, block.length
+                ),
+            )
+        })
     }
 
     /// The local block of each block the source described, checking that the
     /// two sides have the same blocks with the same lengths.
     fn source_order(&self, specs: &[BlockSpec]) -> Result<Vec<usize>> {
         let found: Vec<Option<usize>> = specs.iter().map(|s| self.ram.find(&s.name)).collect();
-        let missing: Vec<&str> = specs.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(s, _)| s.name.as_str()).collect();
+        let missing: Vec<&str> =
+            specs.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(s, _)| s.name.as_str()).collect();
         if !missing.is_empty() || specs.len() != self.ram.len() {
             return Err(Error::new(
                 ErrorKind::BlockMismatch,
-                format!("the source has {} blocks, this side {}; not found here: {missing:?}", specs.len(), self.ram.len()),
+                format!(
+                    "the source has {} blocks, this side {}; not found here: {missing:?}",
+                    specs.len(),
+                    self.ram.len()
+                ),
             ));
         }
         let order: Vec<usize> = found.into_iter().flatten().collect();
@@ -329,7 +336,9 @@ impl Service {
             .zip(&order)
             .map(|(s, &local)| (s, &self.ram.blocks()[local]))
             .filter(|(s, b)| s.length != b.length)
-            .map(|(s, b)| format!("block '{}' has length {:#x} on the source and {:#x} here", b.name, s.length, b.length))
+            .map(|(s, b)| {
+                format!("block '{}' has length {:#x} on the source and {:#x} here", b.name, s.length, b.length)
+            })
             .collect();
         if !differ.is_empty() {
             return Err(Error::new(ErrorKind::BlockMismatch, differ.join("; ")));
@@ -355,14 +364,25 @@ impl Service {
             if self.link.negotiated.pin_all {
                 if self.whole[local].is_none() {
                     // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                    let mr = unsafe { self.link.pd.register(b.host_ptr(0), b.length as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
+                    let mr = unsafe {
+                        self.link.pd.register(
+                            b.host_ptr(0),
+                            b.length as usize,
+                            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                        )?
+                    };
                     self.shared.counters.pin(b.length);
                     Counters::add(&self.shared.counters.chunks_registered, b.chunk_count() as u64);
                     self.whole[local] = Some(mr);
                 }
                 rkey = self.whole[local].as_ref().map_or(0, |mr| mr.rkey());
             }
-            result.push(DestBlock { remote_host_addr: b.host as u64, offset: b.offset, length: b.length, remote_rkey: rkey });
+            result.push(DestBlock {
+                remote_host_addr: b.host as u64,
+                offset: b.offset,
+                length: b.length,
+                remote_rkey: rkey,
+            });
         }
         self.link.respond(CommandType::RamBlocksResult, |w| result.iter().try_for_each(|d| w.push(d)))
     }
@@ -373,18 +393,35 @@ impl Service {
             let (local, block) = Self::block(&self.order, &self.ram, r.block_index)?;
             let off = Self::block_offset(block, r.key, 1)?;
             let first = (off >> CHUNK_SHIFT) as usize;
-            let last = r.chunks.try_into().ok().and_then(|extra: usize| first.checked_add(extra)).filter(|&l| l < block.chunk_count());
+            let last = r
+                .chunks
+                .try_into()
+                .ok()
+                .and_then(|extra: usize| first.checked_add(extra))
+                .filter(|&l| l < block.chunk_count());
             let Some(last) = last else {
-                return Err(Error::new(ErrorKind::Protocol, format!("register request for {} chunks past the end of block '{}'", r.chunks, block.name)));
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("register request for {} chunks past the end of block '{}'", r.chunks, block.name),
+                ));
             };
             let rkey = if let Some(mr) = &self.whole[local] {
                 mr.rkey()
             } else {
-                if self.chunks[local][first].as_ref().is_none_or(|mr| (mr.len() as u64) < block.chunk_range(last).1 - block.chunk_range(first).0) {
+                if self.chunks[local][first]
+                    .as_ref()
+                    .is_none_or(|mr| (mr.len() as u64) < block.chunk_range(last).1 - block.chunk_range(first).0)
+                {
                     let (start, _) = block.chunk_range(first);
                     let (_, end) = block.chunk_range(last);
                     // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                    let mr = unsafe { self.link.pd.register(block.host_ptr(start), (end - start) as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
+                    let mr = unsafe {
+                        self.link.pd.register(
+                            block.host_ptr(start),
+                            (end - start) as usize,
+                            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                        )?
+                    };
                     self.shared.counters.pin(end - start);
                     if let Some(old) = self.chunks[local][first].replace(mr) {
                         self.shared.counters.unpin(old.len() as u64);
@@ -404,7 +441,10 @@ impl Service {
             let (local, block) = Self::block(&self.order, &self.ram, r.block_index)?;
             // UNREGISTER carries a chunk index, not an address.
             let chunk = usize::try_from(r.key).ok().filter(|&c| c < chunk_count(block.length)).ok_or_else(|| {
-                Error::new(ErrorKind::Protocol, format!("unregister of chunk {} past the end of block '{}'", r.key, block.name))
+                Error::new(
+                    ErrorKind::Protocol,
+                    format!("unregister of chunk {} past the end of block '{}'", r.key, block.name),
+                )
             })?;
             if let Some(mr) = self.chunks[local][chunk].take() {
                 self.shared.counters.unpin(mr.len() as u64);

@@ -142,12 +142,8 @@ impl Link {
         let pd = ProtectionDomain::new(&id)?;
         let channel = CompletionChannel::new(&id)?;
         let cq = CompletionQueue::new(&id, CQ_ENTRIES, &channel)?;
-        let caps = QpCaps {
-            max_send_wr: SEND_QUEUE_DEPTH,
-            max_recv_wr: RECV_QUEUE_DEPTH,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-        };
+        let caps =
+            QpCaps { max_send_wr: SEND_QUEUE_DEPTH, max_recv_wr: RECV_QUEUE_DEPTH, max_send_sge: 1, max_recv_sge: 1 };
         let qp = QueuePair::new(&id, &pd, &cq, &cq, caps)?;
         let recv = [ControlBuffer::new(&pd)?, ControlBuffer::new(&pd)?];
         let send = ControlBuffer::new(&pd)?;
@@ -245,7 +241,10 @@ impl Link {
             None => return Err(Error::new(ErrorKind::Timeout, "no connection request arrived")),
         };
         if event.kind() != CmEventKind::ConnectRequest {
-            return Err(Error::new(ErrorKind::Connect, format!("expected a connection request, got {:?}", event.kind())));
+            return Err(Error::new(
+                ErrorKind::Connect,
+                format!("expected a connection request, got {:?}", event.kind()),
+            ));
         }
         // Each connection gets its own event channel (the id migrates to it), so
         // its disconnect events are not taken by whoever waits on the listener.
@@ -403,7 +402,11 @@ impl Link {
         Ok(())
     }
 
-    fn send(&mut self, kind: CommandType, build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>) -> Result<()> {
+    fn send(
+        &mut self,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+    ) -> Result<()> {
         let deadline = self.deadline();
         self.send_until(kind, deadline, build)
     }
@@ -413,7 +416,8 @@ impl Link {
     fn take<R>(&mut self, slot: usize, deadline: Option<Instant>, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
         self.wait_until("a control message from the peer", deadline, |l| l.received[slot].is_some())?;
         let len = self.received[slot].take().unwrap_or(0) as usize;
-        let bytes = self.recv[slot].mem.get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
+        let bytes =
+            self.recv[slot].mem.get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
         let message = wire::decode_message(bytes).map_err(protocol_error)?;
         if message.kind == CommandType::Error {
             return Err(Error::new(ErrorKind::PeerError, "the peer aborted the migration (ERROR message)"));
@@ -421,11 +425,19 @@ impl Link {
         f(&message)
     }
 
-    fn take_expected<R>(&mut self, slot: usize, expect: CommandType, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
+    fn take_expected<R>(
+        &mut self,
+        slot: usize,
+        expect: CommandType,
+        f: impl FnOnce(&Message) -> Result<R>,
+    ) -> Result<R> {
         let deadline = self.deadline();
         self.take(slot, deadline, |m| {
             if m.kind != expect {
-                return Err(Error::new(ErrorKind::Protocol, format!("expected {expect:?}, the peer sent {:?}", m.kind)));
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("expected {expect:?}, the peer sent {:?}", m.kind),
+                ));
             }
             f(m)
         })
@@ -441,7 +453,11 @@ impl Link {
     }
 
     /// Sender side: one message that expects no response (QEMU_FILE, COMPRESS, REGISTER_FINISHED).
-    pub fn post_message(&mut self, kind: CommandType, build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>) -> Result<()> {
+    pub fn post_message(
+        &mut self,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+    ) -> Result<()> {
         self.take_ready()?;
         self.post_recv(INCOMING)?;
         self.send(kind, build)?;
@@ -479,7 +495,11 @@ impl Link {
     }
 
     /// Receiver side: the response to the message just received (no credit needed).
-    pub fn respond(&mut self, kind: CommandType, build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>) -> Result<()> {
+    pub fn respond(
+        &mut self,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+    ) -> Result<()> {
         self.send(kind, build)
     }
 

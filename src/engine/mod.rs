@@ -5,8 +5,8 @@
 //! destination's service thread. Hypervisor threads only queue work and wait.
 
 pub mod config;
-pub mod device;
 mod destination;
+pub mod device;
 mod link;
 pub mod ram;
 mod source;

@@ -38,10 +38,7 @@ impl RamBlock {
             Some(end) if end <= self.length => Ok(()),
             _ => Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!(
-                    "range {offset:#x}+{len:#x} lies outside block '{}' of length {:#x}",
-                    self.name, self.length
-                ),
+                format!("range {offset:#x}+{len:#x} lies outside block '{}' of length {:#x}", self.name, self.length),
             )),
         }
     }
@@ -118,7 +115,10 @@ impl RamBlocks {
     /// Block `index`, or an InvalidArgument error naming it.
     pub fn get(&self, index: u32) -> Result<&RamBlock> {
         self.blocks.get(index as usize).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, format!("no RAM block with index {index} ({} blocks)", self.blocks.len()))
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("no RAM block with index {index} ({} blocks)", self.blocks.len()),
+            )
         })
     }
 

@@ -17,8 +17,8 @@ use crate::engine::sync::{Done, StickyError};
 use crate::engine::{is_zero, Config};
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD,
-    MAX_REPEAT, SEND_INCREMENT,
+    BlockSpec, CommandType, Compress, DestBlock, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD, MAX_REPEAT,
+    SEND_INCREMENT,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -42,7 +42,11 @@ const ZERO_BATCH: usize = 1024;
 const QUEUE_CAPACITY: usize = 1 << 16;
 
 enum Command {
-    Save { block: u32, offset: u64, len: u64 },
+    Save {
+        block: u32,
+        offset: u64,
+        len: u64,
+    },
     Stream(Vec<u8>),
     /// Everything queued before has been sent.
     Sync(Arc<Done>),
@@ -130,7 +134,15 @@ impl Source {
             .spawn(move || engine.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
         let _ = shared.engine.set(thread.thread().clone());
-        Ok(Source { shared, thread: Some(thread), ram: ram.clone(), negotiated, stop, in_window: AtomicBool::new(false), outgoing: Vec::new() })
+        Ok(Source {
+            shared,
+            thread: Some(thread),
+            ram: ram.clone(),
+            negotiated,
+            stop,
+            in_window: AtomicBool::new(false),
+            outgoing: Vec::new(),
+        })
     }
 
     /// What the two sides agreed on (pin-all, rdmamig extensions).
@@ -426,12 +438,18 @@ impl Engine {
         if pin_all {
             for (b, state) in self.ram.blocks().iter().zip(&mut self.blocks) {
                 // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                state.local = Some(unsafe { self.link.pd.register(b.host_ptr(0), b.length as usize, Access::LOCAL_WRITE)? });
+                state.local =
+                    Some(unsafe { self.link.pd.register(b.host_ptr(0), b.length as usize, Access::LOCAL_WRITE)? });
                 self.shared.counters.pin(b.length);
             }
         }
         let specs: Vec<BlockSpec> = if self.link.negotiated.extensions {
-            self.ram.blocks().iter().map(|b| BlockSpec::new(&b.name, b.length)).collect::<std::result::Result<_, _>>().map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
+            self.ram
+                .blocks()
+                .iter()
+                .map(|b| BlockSpec::new(&b.name, b.length))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
         } else {
             Vec::new()
         };
@@ -452,7 +470,10 @@ impl Engine {
             if ours.length != dest.length {
                 return Err(Error::new(
                     ErrorKind::BlockMismatch,
-                    format!("block '{}' has length {:#x} here and {:#x} on the destination", ours.name, ours.length, dest.length),
+                    format!(
+                        "block '{}' has length {:#x} here and {:#x} on the destination",
+                        ours.name, ours.length, dest.length
+                    ),
                 ));
             }
             state.remote_base = dest.remote_host_addr;
@@ -466,7 +487,8 @@ impl Engine {
 
     /// End (exclusive, relative to the block) of the write unit holding `offset`.
     fn unit_end(&self, block: u32, offset: u64) -> u64 {
-        let unit = if self.link.negotiated.pin_all && self.link.negotiated.extensions { LARGE_WRITE } else { CHUNK_SIZE };
+        let unit =
+            if self.link.negotiated.pin_all && self.link.negotiated.extensions { LARGE_WRITE } else { CHUNK_SIZE };
         ((offset / unit + 1) * unit).min(self.ram.blocks()[block as usize].length)
     }
 
@@ -475,7 +497,10 @@ impl Engine {
         while offset < end {
             let limit = self.unit_end(block, offset);
             let piece_end = limit.min(end);
-            let grows = self.pending.iter_mut().find(|p| p.block == block && p.offset + p.len == offset && piece_end <= p.limit);
+            let grows = self
+                .pending
+                .iter_mut()
+                .find(|p| p.block == block && p.offset + p.len == offset && piece_end <= p.limit);
             if let Some(p) = grows {
                 p.len = piece_end - p.offset;
             } else {
@@ -519,7 +544,9 @@ impl Engine {
         if unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) } {
             let entry = Compress { value: 0, block_index: p.block, offset: dest_offset + p.offset, length: p.len };
             match self.zeros.last_mut() {
-                Some(z) if z.block_index == entry.block_index && z.offset + z.length == entry.offset => z.length += entry.length,
+                Some(z) if z.block_index == entry.block_index && z.offset + z.length == entry.offset => {
+                    z.length += entry.length
+                }
                 _ => self.zeros.push(entry),
             }
             if self.zeros.len() >= self.zero_batch() {
@@ -538,7 +565,11 @@ impl Engine {
 
     /// Chunks per REGISTER_REQUEST: QEMU serves one per message.
     fn register_batch(&self) -> usize {
-        if self.link.negotiated.extensions { REGISTER_BATCH.min(MAX_REPEAT as usize) } else { 1 }
+        if self.link.negotiated.extensions {
+            REGISTER_BATCH.min(MAX_REPEAT as usize)
+        } else {
+            1
+        }
     }
 
     /// Sends the batched zero ranges in one COMPRESS message.
@@ -554,7 +585,11 @@ impl Engine {
 
     /// Zero ranges per COMPRESS message: QEMU applies only the first.
     fn zero_batch(&self) -> usize {
-        if self.link.negotiated.extensions { ZERO_BATCH } else { 1 }
+        if self.link.negotiated.extensions {
+            ZERO_BATCH
+        } else {
+            1
+        }
     }
 
     /// Registers every awaited chunk on the destination (batched toward rdmamig
@@ -615,10 +650,13 @@ impl Engine {
             if chunk.local.is_none() {
                 let (start, end) = block.chunk_range(c);
                 // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                chunk.local = Some(unsafe { self.link.pd.register(block.host_ptr(start), (end - start) as usize, Access::LOCAL_WRITE)? });
+                chunk.local = Some(unsafe {
+                    self.link.pd.register(block.host_ptr(start), (end - start) as usize, Access::LOCAL_WRITE)?
+                });
                 self.shared.counters.pin(end - start);
             }
-            let rkey = chunk.remote_rkey.ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
+            let rkey =
+                chunk.remote_rkey.ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
             (chunk.local.as_ref().map_or(0, |mr| mr.lkey()), rkey)
         };
         let sge = Sge { addr: block.host_ptr(p.offset) as u64, len: p.len as u32, lkey };

@@ -157,13 +157,10 @@ impl Conn {
     }
 }
 
-
 /// The failure for a call that does not fit the connection's role.
 fn wrong_role(role: &Role, func: &str, wanted: &str) -> Failure {
     match role {
-        Role::Closed => {
-            Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid"))
-        }
+        Role::Closed => Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid")),
         Role::Source(_) => Failure::state(format!("{func}: needs a {wanted} connection, this one is a source")),
         Role::Destination(_) => {
             Failure::state(format!("{func}: needs a {wanted} connection, this one is a destination"))

@@ -166,7 +166,12 @@ mod tests {
         }
     }
 
-    extern "C" fn dummy_copy_out(d: *const rdmamig_dummy, out: *mut u32, n: usize, written: *mut usize) -> rdmamig_status {
+    extern "C" fn dummy_copy_out(
+        d: *const rdmamig_dummy,
+        out: *mut u32,
+        n: usize,
+        written: *mut usize,
+    ) -> rdmamig_status {
         ffi_boundary! {
             let d = try_ref!(d);
             let written = try_out!(written);

@@ -77,8 +77,7 @@ mod header_tests {
                 (name.to_string(), value.parse().expect("number"))
             })
             .collect();
-        let in_rust: Vec<(String, u32)> =
-            rdmamig_status::ALL.iter().map(|s| (format!("{s:?}"), *s as u32)).collect();
+        let in_rust: Vec<(String, u32)> = rdmamig_status::ALL.iter().map(|s| (format!("{s:?}"), *s as u32)).collect();
         assert_eq!(in_header, in_rust);
     }
 }

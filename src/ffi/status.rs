@@ -180,8 +180,18 @@ mod tests {
     fn every_error_kind_maps_to_an_error() {
         use ErrorKind::*;
         let kinds = [
-            InvalidArgument, NoDevice, Verbs, Connect, Version, Protocol, PeerError,
-            Disconnected, Timeout, BlockMismatch, Aborted, State,
+            InvalidArgument,
+            NoDevice,
+            Verbs,
+            Connect,
+            Version,
+            Protocol,
+            PeerError,
+            Disconnected,
+            Timeout,
+            BlockMismatch,
+            Aborted,
+            State,
         ];
         let mut seen = std::collections::HashSet::new();
         for k in kinds {

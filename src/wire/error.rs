@@ -52,10 +52,9 @@ impl fmt::Display for DecodeError {
             TooLong { len, max } => {
                 write!(f, "control message payload length {len} exceeds the maximum {max}")
             }
-            LengthMismatch { len, received } => write!(
-                f,
-                "malformed length: header says 16 + {len} bytes but {received} bytes were received"
-            ),
+            LengthMismatch { len, received } => {
+                write!(f, "malformed length: header says 16 + {len} bytes but {received} bytes were received")
+            }
             UnknownType(t) => write!(f, "unknown control message type {t}"),
             NoneType => write!(f, "control message type 0 (NONE) is never sent"),
             TooManyRepeats { kind, repeat, max } => {
@@ -67,18 +66,15 @@ impl fmt::Display for DecodeError {
             ZeroRepeat { kind, len } => {
                 write!(f, "{kind:?} message with repeat 0 (len {len}); at least one entry is required")
             }
-            PayloadSizeMismatch { kind, len, repeat, entry_size } => write!(
-                f,
-                "{kind:?} message payload length {len} is not repeat {repeat} x {entry_size} bytes"
-            ),
-            PayloadNotMultiple { kind, len, entry_size } => write!(
-                f,
-                "{kind:?} message payload length {len} is not a multiple of {entry_size} bytes"
-            ),
-            TrailingBytes { entry_size, remaining } => write!(
-                f,
-                "payload leaves {remaining} trailing bytes after entries of {entry_size} bytes"
-            ),
+            PayloadSizeMismatch { kind, len, repeat, entry_size } => {
+                write!(f, "{kind:?} message payload length {len} is not repeat {repeat} x {entry_size} bytes")
+            }
+            PayloadNotMultiple { kind, len, entry_size } => {
+                write!(f, "{kind:?} message payload length {len} is not a multiple of {entry_size} bytes")
+            }
+            TrailingBytes { entry_size, remaining } => {
+                write!(f, "payload leaves {remaining} trailing bytes after entries of {entry_size} bytes")
+            }
             CompressNonZeroValue { value } => {
                 write!(f, "COMPRESS entry with non-zero fill value {value}")
             }
@@ -86,10 +82,9 @@ impl fmt::Display for DecodeError {
             UnterminatedBlockName => {
                 write!(f, "RAM block name is not NUL-terminated within 248 bytes")
             }
-            BlockNameNotUtf8 { valid_up_to } => write!(
-                f,
-                "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to} of the name)"
-            ),
+            BlockNameNotUtf8 { valid_up_to } => {
+                write!(f, "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to} of the name)")
+            }
         }
     }
 }
@@ -121,14 +116,12 @@ impl fmt::Display for EncodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use EncodeError::*;
         match *self {
-            BufferTooSmall { needed, available } => write!(
-                f,
-                "send buffer of {available} bytes is smaller than the {needed}-byte header"
-            ),
-            PayloadFull { needed, available } => write!(
-                f,
-                "control message full: {needed} more payload bytes needed, {available} available"
-            ),
+            BufferTooSmall { needed, available } => {
+                write!(f, "send buffer of {available} bytes is smaller than the {needed}-byte header")
+            }
+            PayloadFull { needed, available } => {
+                write!(f, "control message full: {needed} more payload bytes needed, {available} available")
+            }
             TooManyEntries { max } => {
                 write!(f, "control message already holds the maximum of {max} entries")
             }

@@ -131,15 +131,7 @@ pub fn encode_header(h: &ControlHeader, out: &mut [u8; 16]) {
 /// [`decode_message`](super::decode_message) does the full validation.
 pub fn decode_header(b: &[u8]) -> Result<ControlHeader, DecodeError> {
     if b.len() < CONTROL_HEADER_LEN {
-        return Err(DecodeError::TooShort {
-            what: "control header",
-            needed: CONTROL_HEADER_LEN,
-            got: b.len(),
-        });
+        return Err(DecodeError::TooShort { what: "control header", needed: CONTROL_HEADER_LEN, got: b.len() });
     }
-    Ok(ControlHeader {
-        len: be32(b, 0),
-        kind: CommandType::try_from(be32(b, 4))?,
-        repeat: be32(b, 8),
-    })
+    Ok(ControlHeader { len: be32(b, 0), kind: CommandType::try_from(be32(b, 4))?, repeat: be32(b, 8) })
 }

@@ -53,10 +53,7 @@ impl<E: Entry> Iterator for Entries<'_, E> {
         }
         if self.rest.len() < E::SIZE {
             self.done = true;
-            return Some(Err(DecodeError::TrailingBytes {
-                entry_size: E::SIZE,
-                remaining: self.rest.len(),
-            }));
+            return Some(Err(DecodeError::TrailingBytes { entry_size: E::SIZE, remaining: self.rest.len() }));
         }
         let (head, tail) = self.rest.split_at(E::SIZE);
         self.rest = tail;
@@ -139,16 +136,10 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
         }
         T::RamBlocksResult => {
             if len as usize % DestBlock::SIZE != 0 {
-                return Err(DecodeError::PayloadNotMultiple {
-                    kind,
-                    len,
-                    entry_size: DestBlock::SIZE,
-                });
+                return Err(DecodeError::PayloadNotMultiple { kind, len, entry_size: DestBlock::SIZE });
             }
         }
-        T::RegisterRequest | T::UnregisterRequest => {
-            exact_entries(kind, len, repeat, RegisterRequest::SIZE)?
-        }
+        T::RegisterRequest | T::UnregisterRequest => exact_entries(kind, len, repeat, RegisterRequest::SIZE)?,
         T::Compress => exact_entries(kind, len, repeat, Compress::SIZE)?,
         T::RegisterResult => exact_entries(kind, len, repeat, RegisterResult::SIZE)?,
     }
@@ -197,10 +188,7 @@ impl<'a> MessageWriter<'a> {
     /// A writer over `buf`, or [`EncodeError::BufferTooSmall`] if `buf` cannot hold the header.
     pub fn try_new(buf: &'a mut [u8], kind: CommandType) -> Result<Self, EncodeError> {
         if buf.len() < CONTROL_HEADER_LEN {
-            return Err(EncodeError::BufferTooSmall {
-                needed: CONTROL_HEADER_LEN,
-                available: buf.len(),
-            });
+            return Err(EncodeError::BufferTooSmall { needed: CONTROL_HEADER_LEN, available: buf.len() });
         }
         let cap = (buf.len() - CONTROL_HEADER_LEN).min(MAX_PAYLOAD);
         Ok(MessageWriter { buf, kind, cap, len: 0, count: 0, repeat: None })

@@ -74,10 +74,7 @@ fn command_type_numbers() {
 fn rejects_short_buffer() {
     for n in 0..16 {
         let b = vec![0u8; n];
-        assert_eq!(
-            decode_message(&b),
-            Err(DecodeError::TooShort { what: "control header", needed: 16, got: n })
-        );
+        assert_eq!(decode_message(&b), Err(DecodeError::TooShort { what: "control header", needed: 16, got: n }));
         assert!(decode_header(&b).is_err());
     }
 }
@@ -126,11 +123,7 @@ fn rejects_unknown_and_none_type() {
 fn rejects_too_many_repeats() {
     for t in ALL_TYPES.iter().skip(1).filter(|t| **t != CommandType::QemuFile) {
         let b = raw(0, *t as u32, 4097, &[]);
-        assert_eq!(
-            decode_message(&b),
-            Err(DecodeError::TooManyRepeats { kind: *t, repeat: 4097, max: 4096 }),
-            "{t:?}"
-        );
+        assert_eq!(decode_message(&b), Err(DecodeError::TooManyRepeats { kind: *t, repeat: 4097, max: 4096 }), "{t:?}");
     }
     // Not checked on QEMU_FILE: old QEMU sent garbage there.
     for r in [0, 1, 4097, 0xdead_beef, u32::MAX] {
@@ -145,21 +138,13 @@ fn rejects_too_many_repeats() {
 
 #[test]
 fn empty_types_reject_payload() {
-    for t in [
-        CommandType::Error,
-        CommandType::Ready,
-        CommandType::RegisterFinished,
-        CommandType::UnregisterFinished,
-    ] {
+    for t in [CommandType::Error, CommandType::Ready, CommandType::RegisterFinished, CommandType::UnregisterFinished] {
         for r in [0, 1, 7, 4096] {
             let b = msg(t, r, &[]);
             let m = decode_message(&b).unwrap();
             assert_eq!((m.kind, m.repeat, m.payload.len()), (t, r, 0));
         }
-        assert_eq!(
-            decode_message(&msg(t, 1, &[0; 24])),
-            Err(DecodeError::UnexpectedPayload { kind: t, len: 24 })
-        );
+        assert_eq!(decode_message(&msg(t, 1, &[0; 24])), Err(DecodeError::UnexpectedPayload { kind: t, len: 24 }));
     }
 }
 
@@ -233,12 +218,7 @@ fn fixed_entry_rules() {
         );
         assert_eq!(
             decode_message(&msg(t, 1, &vec![0; size + 1])),
-            Err(DecodeError::PayloadSizeMismatch {
-                kind: t,
-                len: size as u32 + 1,
-                repeat: 1,
-                entry_size: size
-            })
+            Err(DecodeError::PayloadSizeMismatch { kind: t, len: size as u32 + 1, repeat: 1, entry_size: size })
         );
         assert_eq!(
             decode_message(&msg(t, 1, &[])),
@@ -269,10 +249,7 @@ fn entries_trailing_bytes() {
     assert_eq!(v.len(), 2);
     assert!(v[0].is_ok());
     assert_eq!(v[1], Err(DecodeError::TrailingBytes { entry_size: 32, remaining: 16 }));
-    assert_eq!(
-        m.collect_entries::<DestBlock>(),
-        Err(DecodeError::TrailingBytes { entry_size: 32, remaining: 16 })
-    );
+    assert_eq!(m.collect_entries::<DestBlock>(), Err(DecodeError::TrailingBytes { entry_size: 32, remaining: 16 }));
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! Environment: `RXE_VM_IP` (address of the RDMA netdev, default 198.18.0.1),
 //! `RXE_VM_DEV` (device name, default rxe0).
 
-mod smoke;
 mod abort;
 mod migration;
 mod qemu;
+mod smoke;

@@ -29,7 +29,14 @@ impl GuestRam {
     pub fn new(len: u64, fill: u8) -> GuestRam {
         let len = len as usize;
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes failed");
         let ram = GuestRam { ptr: ptr as *mut u8, len };
@@ -151,7 +158,11 @@ struct Dirty {
 impl Dirty {
     fn new(layout: &Layout) -> Dirty {
         Dirty {
-            bits: layout.blocks.iter().map(|(_, len, _)| (0..(len / PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect()).collect(),
+            bits: layout
+                .blocks
+                .iter()
+                .map(|(_, len, _)| (0..(len / PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
         }
     }
     fn mark(&self, block: usize, page: u64) {
@@ -456,7 +467,9 @@ fn ipv6_addresses_and_host_names_connect() {
         let listener = Listener::bind(addr, 0, &config).unwrap_or_else(|e| panic!("listen on {addr}: {e}"));
         let port = listener.port();
         let dst_registry = layout.registry(&dst_ram, 0);
-        let dest = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap());
+        let dest = thread::spawn(move || {
+            Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap()
+        });
         let mut source = Source::connect(addr, port, &config, &layout.registry(&src_ram, 0))
             .unwrap_or_else(|e| panic!("connect to [{addr}]:{port}: {e}"));
         let dest = dest.join().unwrap();

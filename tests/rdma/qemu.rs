@@ -206,7 +206,10 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
         .collect();
     assert!(caps.iter().any(|c| c == "rdma-pin-all"), "QEMU has no rdma-pin-all capability: {caps:?}");
     if pin_all {
-        qmp.cmd("migrate-set-capabilities", json!({ "capabilities": [{ "capability": "rdma-pin-all", "state": true }] }));
+        qmp.cmd(
+            "migrate-set-capabilities",
+            json!({ "capabilities": [{ "capability": "rdma-pin-all", "state": true }] }),
+        );
     }
     // The default 32 MiB/s limit would only make the test slower.
     qmp.cmd("migrate-set-parameters", json!({ "max-bandwidth": 1u64 << 34 }));
@@ -266,11 +269,16 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
             ),
             _ => {}
         }
-        assert!(start.elapsed() < MIGRATION_TIMEOUT, "migration not done after {MIGRATION_TIMEOUT:?}: {info}\ndestination stats {:?}", dest.stats());
+        assert!(
+            start.elapsed() < MIGRATION_TIMEOUT,
+            "migration not done after {MIGRATION_TIMEOUT:?}: {info}\ndestination stats {:?}",
+            dest.stats()
+        );
         thread::sleep(Duration::from_millis(100));
     };
     let completed = start.elapsed();
-    let stream = reader.join().unwrap().unwrap_or_else(|e| panic!("reading the stream: {e} (stats {:?})", dest.stats()));
+    let stream =
+        reader.join().unwrap().unwrap_or_else(|e| panic!("reading the stream: {e} (stats {:?})", dest.stats()));
     let drained = start.elapsed();
     let stats = dest.stats();
     eprintln!(
