@@ -340,7 +340,14 @@ static int destination(unsigned mib, int pin_all, int port_fd) {
     TRY(conn, rdmamig_conn_wait_iteration(conn, rounds, TIMEOUT_MS, &done));
     EXPECT(done == rounds);
 
-    /* End of stream once the source has closed. */
+    /* The whole stream was read; only the completion handshake says the
+     * migration completed: the hypervisor checks it before it runs the guest. */
+    rdmamig_status end = rdmamig_conn_wait_end(conn, TIMEOUT_MS);
+    if (end != RDMAMIG_END_COMPLETED) {
+        report("rdmamig_conn_wait_end", end, conn);
+        goto fail;
+    }
+    /* And the stream ends (0, not -EIO) once the source has closed. */
     uint8_t extra;
     ssize_t got = ops.get_buffer(ops.opaque, &extra, 0, 1);
     if (got != 0) {
@@ -348,6 +355,8 @@ static int destination(unsigned mib, int pin_all, int port_fd) {
         fprintf(stderr, "dest: FAIL get_buffer after the last byte returned %zd, want 0\n", got);
         goto fail;
     }
+    size_t n_end = 1;
+    EXPECT(rdmamig_conn_get(conn, &extra, 1, 1, &n_end) == RDMAMIG_END_COMPLETED && n_end == 0);
     EXPECT(ops.close(ops.opaque) == 0);
 
     blob_fill(want_blob, BLOB_SIZE);
@@ -376,7 +385,9 @@ static int destination(unsigned mib, int pin_all, int port_fd) {
     EXPECT(st.iterations == rounds);
     if (!pin_all) EXPECT(st.chunks_registered > 0 && st.zero_chunks > 0);
 
-    printf("dest: RAM identical (%u MiB), blob intact\n", mib);
+    /* Closing a completed migration reports it completed. */
+    TRY(conn, rdmamig_conn_close(conn));
+    printf("dest: RAM identical (%u MiB), blob intact, migration completed\n", mib);
     rc = 0;
 fail:
     if (port_fd >= 0) {
@@ -610,6 +621,7 @@ static int source(unsigned mib, int pin_all, uint16_t port) {
     EXPECT(st.size == sizeof st);
     EXPECT(st.iterations == rounds);
     EXPECT(st.stream_bytes == sizeof header + BLOB_SIZE + sizeof hash);
+    /* RDMAMIG_OK: the destination acknowledged the end (the completion handshake). */
     TRY(s.conn, rdmamig_conn_close(s.conn));
     EXPECT(rdmamig_conn_flush(s.conn) == RDMAMIG_ERR_STATE); /* only _free after close */
 

@@ -60,6 +60,9 @@ static void test_status(void) {
     CHECK(RDMAMIG_ERR_PANIC == 2);
     CHECK(RDMAMIG_ERR_NO_DEVICE == 4);
     CHECK(RDMAMIG_ERR_BUFFER_TOO_SMALL == 15);
+    CHECK(RDMAMIG_END_COMPLETED == 16);
+    CHECK(RDMAMIG_END_UNVERIFIED == 17);
+    CHECK(RDMAMIG_ERR_CANCELLED == 18);
 
     CHECK(strcmp(rdmamig_status_str(RDMAMIG_OK), "success") == 0);
     CHECK(strcmp(rdmamig_status_str(RDMAMIG_ERR_TIMEOUT), "timed out") == 0);
@@ -78,7 +81,7 @@ static void test_status(void) {
             for (uint32_t t = 0; t < s; t++) CHECK(strcmp(str, rdmamig_status_str(t)) != 0);
         }
     }
-    CHECK(n == RDMAMIG_ERR_BUFFER_TOO_SMALL + 1);
+    CHECK(n == RDMAMIG_ERR_CANCELLED + 1);
 }
 
 static void test_null_and_config(void) {
@@ -86,6 +89,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_extensions(NULL, false), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_protocol_version(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_timeout_ms(NULL, 1000), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_liveness_ms(NULL, 1000), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -97,6 +101,8 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_protocol_version(c, 1), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_timeout_ms(c, 5000), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 2000), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK); /* off */
     rdmamig_config_free(c);
 }
 
@@ -156,6 +162,7 @@ static void test_migration_api_args(void) {
     CHECK(rdmamig_last_error_message(NULL, 0) == n); /* size query */
     CHECK(rdmamig_ram_block_count(NULL) == 0);
     CHECK(rdmamig_listener_port(NULL) == 0);
+    CHECK_STATUS(rdmamig_listener_cancel(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_ram_free(NULL); /* no-ops */
     rdmamig_listener_free(NULL);
     rdmamig_conn_free(NULL);
@@ -174,6 +181,7 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_flush(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_get(NULL, mem, 1, 1, &n), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_wait_iteration(NULL, 1, 1, &u), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_wait_end(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_abort(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_get_stats(NULL, &st), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK(st.size == sizeof st);

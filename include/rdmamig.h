@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 1
+#define RDMAMIG_VERSION_MINOR 2
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -44,8 +44,11 @@
 #define RDMAMIG_STATS_SIZE_V1 88
 
 /**
- * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success; every
- * other value is an error.
+ * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success;
+ * `RDMAMIG_END_COMPLETED` and `RDMAMIG_END_UNVERIFIED` say how a migration
+ * connection ended without failing (`rdmamig_conn_get`,
+ * `rdmamig_conn_wait_end`, `rdmamig_conn_close`); every other value is an
+ * error.
  *
  * The values are part of the ABI: each is fixed forever, and a value that is
  * retired is never reused for another meaning. New values are only ever added
@@ -125,6 +128,24 @@ enum rdmamig_status
    * A caller-supplied output buffer is too small; the call says how much is needed.
    */
   RDMAMIG_ERR_BUFFER_TOO_SMALL = 15,
+  /**
+   * Not an error: the migration completed. The source's last window and
+   * last stream byte were followed by its end marker, which the destination
+   * checked against what it received and acknowledged. Only between
+   * rdmamig peers.
+   */
+  RDMAMIG_END_COMPLETED = 16,
+  /**
+   * Not an error, and not a proof: the peer (QEMU, which has no completion
+   * handshake) closed the connection outside any iteration window. Whether
+   * the migration is complete is for the stream to prove (QEMU's
+   * QEMU_VM_EOF); a source gets it when everything was sent and written.
+   */
+  RDMAMIG_END_UNVERIFIED = 17,
+  /**
+   * The wait was cancelled (`rdmamig_listener_cancel`).
+   */
+  RDMAMIG_ERR_CANCELLED = 18,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -182,10 +203,10 @@ typedef struct rdmamig_conn rdmamig_conn;
  * connections are independent of it: the listener may be freed while they
  * run.
  *
- * Thread safety: `rdmamig_listener_port` and `rdmamig_listener_accept` take
- * a `const` pointer and may run concurrently (each accept takes a different
- * connection request); nothing may run concurrently with
- * `rdmamig_listener_free`.
+ * Thread safety: `rdmamig_listener_port`, `rdmamig_listener_accept` and
+ * `rdmamig_listener_cancel` take a `const` pointer and may run concurrently
+ * (each accept takes a different connection request); nothing may run
+ * concurrently with `rdmamig_listener_free`.
  */
 typedef struct rdmamig_listener rdmamig_listener;
 
@@ -300,8 +321,10 @@ typedef struct {
   /**
    * Destination: reads up to `size` bytes of the stream into `buf`,
    * waiting until at least one byte is there, and returns how many it
-   * read; 0 at the end of the stream (the source closed the connection and
-   * every byte was read); `-EIO` on failure.
+   * read; 0 at the end of the stream (every byte was read and the
+   * connection ended without failing: `rdmamig_conn_wait_end` then says
+   * whether completed or unverified); `-EIO` on failure, including a
+   * source that vanished or disconnected before completing the migration.
    */
   ssize_t (*get_buffer)(void *opaque, uint8_t *buf, int64_t pos, size_t size);
   /**
@@ -349,7 +372,7 @@ size_t rdmamig_last_error_message(char *buf, size_t len);
 
 /**
  * A new config with the defaults: pin_all off, extensions on, protocol
- * version 1, timeout 30000 ms.
+ * version 1, timeout 30000 ms, liveness 10000 ms.
  *
  * Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
  */
@@ -380,11 +403,27 @@ rdmamig_status rdmamig_config_set_protocol_version(rdmamig_config *config,
                                                    uint32_t protocol_version);
 
 /**
- * Upper bound, in milliseconds, for every blocking wait (connect, accept,
- * completion, peer message). Default 30000. 0 gives
+ * Upper bound, in milliseconds, for every blocking wait: name resolution,
+ * address and route resolution, connect, the accept handshake, completions,
+ * and a response from the peer. Not for a destination's wait for the
+ * source's next message (a source may pause between rounds as long as it
+ * likes): liveness bounds that. Default 30000. 0 gives
  * `RDMAMIG_ERR_INVALID_ARGUMENT` and leaves the config unchanged.
  */
 rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t timeout_ms);
+
+/**
+ * Liveness, in milliseconds: a peer that stops answering (host down, link
+ * down, process frozen with its NIC gone) is declared gone within this time
+ * on both sides, even with no connection event and no call waiting; every
+ * blocked call then fails with `RDMAMIG_ERR_DISCONNECTED`. While a
+ * connection is idle each side sends a zero-length RDMA WRITE every third
+ * of it; the peer's NIC answers it and its software, QEMU included, sees
+ * nothing. The QP's ACK timeout is set so that its own 6 tries fit in half
+ * of it (between 0.27 s and 4.3 s per try). Default 10000; 0 turns it off
+ * (QEMU's behaviour: only connection events end a silent connection).
+ */
+rdmamig_status rdmamig_config_set_liveness_ms(rdmamig_config *config, uint32_t liveness_ms);
 
 /**
  * Connects, as the source, to a destination listening on `host:port` (a
@@ -416,10 +455,11 @@ rdmamig_status rdmamig_connect(const char *host,
 
 /**
  * Frees a connection, closing it first if `rdmamig_conn_close` was not
- * called: a source flushes the stream and disconnects (waiting for the
+ * called (which is the way to learn the outcome): a source flushes the
+ * stream, runs the completion handshake and disconnects (waiting for the
  * queued work, at most the config's timeout per wait), a destination stops
- * serving (an unfinished source gets an ERROR). If the source's final flush
- * fails, its message becomes the thread's `rdmamig_last_error_message`.
+ * serving (an unfinished source gets an ERROR). If that close fails, its
+ * message becomes the thread's `rdmamig_last_error_message`.
  *
  * NULL is a no-op. Must not be called twice, nor while any other call is
  * running on the connection. Afterwards the connection's RAM may be unmapped.
@@ -427,10 +467,23 @@ rdmamig_status rdmamig_connect(const char *host,
 void rdmamig_conn_free(rdmamig_conn *conn);
 
 /**
- * Closes the connection and returns the outcome. A source flushes the
- * stream, waits until everything queued is out, and disconnects; the status
- * says whether that worked. A destination stops serving (an unfinished
- * source gets an ERROR) and returns `RDMAMIG_OK`.
+ * Closes the connection and returns the outcome of the migration:
+ * `RDMAMIG_OK` only when it completed, which both sides then agree on.
+ *
+ * A source ends an open iteration window, flushes the stream, waits until
+ * everything queued is out, and, toward an rdmamig destination, sends its
+ * end marker and waits for the destination's acknowledgement; then it
+ * disconnects. It returns `RDMAMIG_OK` once acknowledged;
+ * `RDMAMIG_END_UNVERIFIED` toward a QEMU destination (everything was sent and
+ * written, but QEMU has no acknowledgement: its own return path must
+ * confirm); otherwise the error (the migration did not complete).
+ *
+ * A destination stops serving (a source still migrating gets an ERROR,
+ * see `rdmamig_conn_abort`) and returns how the connection had ended:
+ * `RDMAMIG_OK` if the migration completed, `RDMAMIG_END_UNVERIFIED` if a
+ * QEMU source closed without proof, or the failure (`RDMAMIG_ERR_ABORTED`
+ * if it was still running). Call `rdmamig_conn_wait_end` first to let a
+ * migration finish.
  *
  * Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
  * valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close.
@@ -510,10 +563,14 @@ rdmamig_status rdmamig_conn_flush(rdmamig_conn *conn);
  * their number in `*read_out`. `len == 0` returns at once with 0 (`buf` may
  * then be NULL).
  *
- * Once the source has closed the connection and every byte was read, returns
- * `RDMAMIG_ERR_DISCONNECTED`: the end of the stream. After a failure,
- * returns the connection's error; `RDMAMIG_ERR_TIMEOUT` when the wait ran
- * out (nothing is lost: call again).
+ * Once the connection has ended and every byte was read, returns how it
+ * ended, with `*read_out` 0: `RDMAMIG_END_COMPLETED` (the migration
+ * completed), `RDMAMIG_END_UNVERIFIED` (a QEMU source closed the connection
+ * outside an iteration window: only the stream can prove it is whole), or
+ * the failure (`RDMAMIG_ERR_DISCONNECTED`, `RDMAMIG_ERR_PEER`, ...: the
+ * migration did not complete, whatever the stream looks like).
+ * `RDMAMIG_ERR_TIMEOUT` when the wait ran out (nothing is lost: call
+ * again).
  *
  * Thread safety: takes a `const` handle, so another thread may call
  * `rdmamig_conn_abort` (or read stats) meanwhile.
@@ -531,7 +588,7 @@ rdmamig_status rdmamig_conn_get(const rdmamig_conn *conn,
  * `*done_out` (which may be NULL). `n == 0` returns at once.
  *
  * Returns `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
- * `RDMAMIG_ERR_DISCONNECTED` when the source closed the connection before
+ * `RDMAMIG_ERR_DISCONNECTED` when the source ended the migration before
  * `n` windows completed, or the connection's error.
  *
  * Thread safety: takes a `const` handle, so another thread may call
@@ -543,9 +600,37 @@ rdmamig_status rdmamig_conn_wait_iteration(const rdmamig_conn *conn,
                                            uint64_t *done_out);
 
 /**
+ * Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
+ * until the connection has ended and returns how: `RDMAMIG_END_COMPLETED`
+ * (the source's end marker arrived after its last window and last stream
+ * byte, matched what this side received, and was acknowledged),
+ * `RDMAMIG_END_UNVERIFIED` (a QEMU source, which has no end marker, closed
+ * the connection outside an iteration window: the stream must prove the
+ * migration whole, e.g. by ending in QEMU_VM_EOF), or the failure (the
+ * migration did not complete: do not run the guest). `RDMAMIG_ERR_TIMEOUT`
+ * if it has not ended yet.
+ *
+ * A hypervisor calls it after its stream loader finished, before it runs
+ * the guest: a loader that saw a whole stream does not prove that all RAM
+ * arrived. Stream bytes not read yet stay readable with `rdmamig_conn_get`
+ * (the source may be held back while more than 256 MiB are unread).
+ *
+ * Thread safety: takes a `const` handle, so another thread may call
+ * `rdmamig_conn_abort` (or read stats) meanwhile.
+ */
+rdmamig_status rdmamig_conn_wait_end(const rdmamig_conn *conn, uint32_t timeout_ms);
+
+/**
  * Aborts the migration. A source's transfer thread sends ERROR to the
- * destination and tears the connection down; a destination's service thread
- * does the same toward a source still migrating. Calls blocked on the
+ * destination (which always has a receive posted for it) and tears the
+ * connection down. A destination's service thread does the same toward a
+ * source still migrating, with one exception that the protocol imposes:
+ * while the destination has granted the source a credit (READY) that the
+ * source has not used yet, the source has no receive posted, so the ERROR
+ * waits up to 1 s for the source's next message (before which the source
+ * posts one) and is not sent if none comes; the source then learns of the
+ * abort from the disconnect (`RDMAMIG_ERR_DISCONNECTED`) instead of
+ * `RDMAMIG_ERR_PEER`. Either way its `rdmamig_conn_close` fails. Calls blocked on the
  * connection in other threads (`rdmamig_conn_iteration_end`,
  * `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`)
  * then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
@@ -564,9 +649,10 @@ rdmamig_status rdmamig_conn_abort(const rdmamig_conn *conn);
  * needed; returns the full length of the message, not counting the NUL.
  * `(NULL, 0)` asks for the length.
  *
- * The message is that of the last call on this connection that failed, or,
- * if none failed yet, of the failure that ended the connection in the
- * library's thread; an empty message (0) if there is neither. Returns 0
+ * The message is that of the last call on this connection that failed
+ * (whatever failed after it), or, if none failed yet, of the failure that
+ * ended the connection in the library's thread; an empty message (0) if
+ * there is neither. Returns 0
  * when `conn` is NULL.
  *
  * Thread safety: may run concurrently with other `const` uses of `conn`.
@@ -603,9 +689,11 @@ rdmamig_status rdmamig_device_probe(const char *name, char *name_out, size_t nam
  * unchanged and the message is available from `rdmamig_last_error_message`.
  *
  * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
- * `RDMAMIG_ERR_INVALID_ARGUMENT` (host not UTF-8 or not resolvable);
- * `RDMAMIG_ERR_VERBS` / `RDMAMIG_ERR_CONNECT` (cannot bind or listen, e.g. no
- * RDMA device has that address, or the port is taken).
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (host not UTF-8); `RDMAMIG_ERR_CONNECT`
+ * (host not resolvable); `RDMAMIG_ERR_TIMEOUT` (the resolver gave no answer
+ * within the config's timeout); `RDMAMIG_ERR_VERBS` / `RDMAMIG_ERR_CONNECT`
+ * (cannot bind or listen, e.g. no RDMA device has that address, or the port
+ * is taken).
  *
  * Thread-safe.
  */
@@ -648,8 +736,9 @@ void rdmamig_listener_free(rdmamig_listener *listener);
  *
  * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
  * `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
- * (no source came); `RDMAMIG_ERR_VERSION` (the source speaks another protocol
- * version: it was rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
+ * (no source came); `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
+ * `RDMAMIG_ERR_VERSION` (the source speaks another protocol version: it was
+ * rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
  * `RDMAMIG_ERR_VERBS`.
  *
  * Thread safety: may run concurrently with other `const` uses of `listener`
@@ -659,6 +748,19 @@ rdmamig_status rdmamig_listener_accept(const rdmamig_listener *listener,
                                        const rdmamig_ram *ram,
                                        uint32_t timeout_ms,
                                        rdmamig_conn **out);
+
+/**
+ * Cancels the listener: every `rdmamig_listener_accept` running on it
+ * returns `RDMAMIG_ERR_CANCELLED` within about 100 ms, and so does every
+ * later one at once. Connections already accepted are not affected. Meant
+ * for another thread than the one blocked in accept, e.g. to shut a
+ * destination down before `rdmamig_listener_free`.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `listener`.
+ */
+rdmamig_status rdmamig_listener_cancel(const rdmamig_listener *listener);
 
 /**
  * A new, empty RAM registry.

@@ -4,7 +4,7 @@
 #   2. abi/symbols.txt is exactly the functions declared in include/rdmamig.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
 #   4. every exported symbol carries a version node of abi/rdmamig.map
-#      (today: RDMAMIG_0.1), none is unversioned.
+#      (today: RDMAMIG_0.1 and RDMAMIG_0.2), none is unversioned.
 #
 # Usage: scripts/check-abi.sh [LIB]         (default: target/lib/librdmamig.so.<version>)
 #        scripts/check-abi.sh --list [LIB]  print the exported symbols (make symbols)
@@ -62,7 +62,7 @@ if [[ "$soname" != "librdmamig.so.$major" ]]; then
 fi
 
 # 4. symbol versions: objdump -T prints "<addr> <flags> <section> <size> <version> <name>".
-nodes=$(grep -oE '^[[:space:]]*RDMAMIG_[0-9.]+' abi/rdmamig.map | tr -d '[:space:]' | sort -u | tr '\n' ' ')
+nodes=$(grep -oE '^[[:space:]]*RDMAMIG_[0-9.]+' abi/rdmamig.map | sed 's/[[:space:]]//g' | sort -u | tr '\n' ' ')
 objdump -T "$lib" | awk '$4 !~ /\*UND\*/ && $NF ~ /^rdmamig_/ { print $(NF-1), $NF }' > "$tmp/versions"
 bad=0
 while read -r ver name; do

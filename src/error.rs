@@ -30,6 +30,8 @@ pub enum ErrorKind {
     Aborted,
     /// The operation is not valid in the connection's current state.
     State,
+    /// The hypervisor cancelled the wait (`Listener::cancel`).
+    Cancelled,
 }
 
 /// An error with a message naming its cause.

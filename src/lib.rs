@@ -12,7 +12,9 @@
 //! in a [`RamBlocks`] registry. The source sends RAM in iteration windows
 //! (`iteration_begin`, `save`..., `iteration_end`) and device state with
 //! `put`/`flush`; the destination reads it with `get` and learns of finished
-//! windows with `wait_iteration`.
+//! windows with `wait_iteration`. `Source::close` and `Destination::wait_end`
+//! say how the migration ended ([`Ending`]): completed (both sides agree),
+//! unverified (a QEMU peer, which has no completion handshake), or failed.
 
 pub mod engine;
 pub mod error;
@@ -20,7 +22,7 @@ mod ffi;
 pub mod verbs;
 pub mod wire;
 
-pub use engine::{Config, Destination, Listener, Negotiated, RamBlock, RamBlocks, Source, Stats};
+pub use engine::{Config, Destination, Ending, Listener, Negotiated, RamBlock, RamBlocks, Read, Source, Stats};
 pub use error::{Error, ErrorKind, Result};
 
 /// The library version, as in Cargo.toml.

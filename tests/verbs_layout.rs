@@ -226,6 +226,7 @@ fn rust_values() -> BTreeMap<String, i64> {
         RDMA_OPTION_ID,
         RDMA_OPTION_ID_TOS,
         RDMA_OPTION_ID_REUSEADDR,
+        RDMA_OPTION_ID_ACK_TIMEOUT,
     );
     m
 }

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// The default of [`Config::liveness`].
+pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
+
 /// Settings for one side of a migration connection. Plain data: copy freely.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -13,12 +16,27 @@ pub struct Config {
     pub extensions: bool,
     /// Protocol version sent in the connection private data. Only tests change it.
     pub protocol_version: u32,
-    /// Upper bound for every blocking wait (connect, accept, completion, peer message).
+    /// Upper bound for every blocking wait (name resolution, connect, accept
+    /// handshake, completion, peer message); a destination's wait for the
+    /// source's next message has none (the source may pause between rounds):
+    /// `liveness` covers it.
     pub timeout: Duration,
+    /// A peer that stops answering is declared gone within this time, even
+    /// with no connection event and no call waiting (`None`: never, as QEMU).
+    /// While the connection is idle, each side sends a zero-length RDMA WRITE
+    /// every third of it, which the peer's NIC answers without its software
+    /// seeing anything; the QP's ACK timeout is derived from it too.
+    pub liveness: Option<Duration>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { pin_all: false, extensions: true, protocol_version: 1, timeout: Duration::from_secs(30) }
+        Config {
+            pin_all: false,
+            extensions: true,
+            protocol_version: 1,
+            timeout: Duration::from_secs(30),
+            liveness: Some(DEFAULT_LIVENESS),
+        }
     }
 }

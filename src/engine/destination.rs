@@ -12,25 +12,31 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::is_zero;
 use crate::engine::link::{protocol_error, Link, Listener, Negotiated};
-use crate::engine::ram::{chunk_count, RamBlock, RamBlocks};
+use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
+use crate::engine::{is_zero, validate, Ending};
 use crate::verbs::{Access, MemoryRegion};
-use crate::wire::{BlockSpec, CommandType, Compress, DestBlock, Message, RegisterRequest, RegisterResult, CHUNK_SHIFT};
+use crate::wire::{BlockSpec, CommandType, Compress, DestBlock, EndSummary, Message, RegisterRequest, RegisterResult};
 use crate::{Error, ErrorKind, Result};
 
 /// Stream bytes buffered at most before the service thread stops granting credits.
 const MAX_BUFFERED_STREAM: usize = 256 << 20;
 
+/// What `Destination::get` read: stream bytes, or the end of a stream that
+/// ended without a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    Bytes(usize),
+    End(Ending),
+}
+
 #[derive(Default)]
 struct State {
     stream: VecDeque<u8>,
     iterations: u64,
-    /// Why the service thread stopped: a failure, or the source disconnecting.
-    ended: Option<Error>,
-    /// The source disconnected between iteration windows (not a failure).
-    clean_end: bool,
+    /// How the connection ended, once the service thread stopped.
+    end: Option<Result<Ending>>,
 }
 
 struct Shared {
@@ -77,12 +83,12 @@ impl Destination {
     }
 
     /// Reads stream bytes into `buf`: blocks until at least one byte is there
-    /// and returns how many were copied. Once the source has disconnected and
-    /// every byte was read, returns the `Disconnected` error; after a failure,
-    /// the stored error.
-    pub fn get(&self, buf: &mut [u8], timeout: Option<Duration>) -> Result<usize> {
+    /// and returns how many were copied. Once the connection has ended and
+    /// every byte was read, returns how it ended: [`Read::End`], or the
+    /// failure. An empty `buf` reads 0 bytes at once.
+    pub fn get(&self, buf: &mut [u8], timeout: Option<Duration>) -> Result<Read> {
         if buf.is_empty() {
-            return Ok(0);
+            return Ok(Read::Bytes(0));
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.shared.state.lock();
@@ -95,12 +101,26 @@ impl Destination {
                 buf[from_front..n].copy_from_slice(&back[..n - from_front]);
                 state.stream.drain(..n);
                 self.shared.changed.notify_all();
-                return Ok(n);
+                return Ok(Read::Bytes(n));
             }
-            if let Some(e) = &state.ended {
-                return Err(e.clone());
+            if let Some(end) = &state.end {
+                return end.clone().map(Read::End);
             }
             self.wait(&mut state, deadline, "stream bytes")?;
+        }
+    }
+
+    /// Waits until the connection has ended and returns how: completed,
+    /// closed without proof (a QEMU source), or the failure. Stream bytes not
+    /// read yet stay readable with `get`.
+    pub fn wait_end(&self, timeout: Option<Duration>) -> Result<Ending> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.shared.state.lock();
+        loop {
+            if let Some(end) = &state.end {
+                return end.clone();
+            }
+            self.wait(&mut state, deadline, "the end of the migration")?;
         }
     }
 
@@ -113,10 +133,16 @@ impl Destination {
             if state.iterations >= n {
                 return Ok(state.iterations);
             }
-            if let Some(e) = &state.ended {
-                return Err(e.clone());
+            match &state.end {
+                Some(Err(e)) => return Err(e.clone()),
+                Some(Ok(_)) => {
+                    return Err(Error::new(
+                        ErrorKind::Disconnected,
+                        format!("the source ended the migration after {} iteration windows", state.iterations),
+                    ))
+                }
+                None => self.wait(&mut state, deadline, "an iteration to complete")?,
             }
-            self.wait(&mut state, deadline, "an iteration to complete")?;
         }
     }
 
@@ -140,16 +166,15 @@ impl Destination {
         self.shared.counters.snapshot()
     }
 
-    /// The failure that stopped the connection, if any. The source
-    /// disconnecting between iteration windows is not a failure; inside one it is.
+    /// The failure that ended the connection, if it ended with one.
     pub fn error(&self) -> Option<Error> {
-        let state = self.shared.state.lock();
-        state.ended.clone().filter(|_| !state.clean_end)
+        self.shared.state.lock().end.clone().and_then(|end| end.err())
     }
 
     /// Aborts the migration without waiting: the service thread sends ERROR to
-    /// a source still migrating and tears the connection down; calls blocked in
-    /// `get` or `wait_iteration` then return. May be called from any thread.
+    /// a source still migrating (see `Link::send_error` for when it can) and
+    /// tears the connection down; calls blocked in `get`, `wait_end` or
+    /// `wait_iteration` then return. May be called from any thread.
     pub fn abort(&self) {
         self.stop.store(true, Ordering::Relaxed);
     }
@@ -169,14 +194,23 @@ impl Drop for Destination {
     }
 }
 
+/// What holds a chunk registered on this side (dynamic registration).
+enum ChunkReg {
+    Free,
+    /// The first chunk of a registered range: owns its MR.
+    Owner(MemoryRegion),
+    /// A later chunk of the range whose first chunk is this index.
+    Covered(usize),
+}
+
 struct Service {
     link: Link,
     ram: RamBlocks,
     shared: Arc<Shared>,
     /// Local block index of each source block index (identity until the source describes its blocks).
     order: Vec<usize>,
-    /// Registered ranges per local block, keyed by first chunk; pin-all keeps one whole-block MR.
-    chunks: Vec<Vec<Option<MemoryRegion>>>,
+    /// Registered ranges per local block and chunk; pin-all keeps one whole-block MR.
+    chunks: Vec<Vec<ChunkReg>>,
     whole: Vec<Option<MemoryRegion>>,
     /// A registration message arrived and REGISTER_FINISHED has not yet.
     in_window: bool,
@@ -190,6 +224,7 @@ enum Request {
     Unregister(Vec<RegisterRequest>),
     Zero(Vec<Compress>),
     Finished,
+    End(EndSummary),
 }
 
 fn entries<E: crate::wire::Entry>(m: &Message) -> Result<Vec<E>> {
@@ -198,7 +233,7 @@ fn entries<E: crate::wire::Entry>(m: &Message) -> Result<Vec<E>> {
 
 impl Service {
     fn new(link: Link, ram: RamBlocks, shared: Arc<Shared>) -> Service {
-        let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| None).collect()).collect();
+        let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| ChunkReg::Free).collect()).collect();
         let whole = ram.blocks().iter().map(|_| None).collect();
         let order = (0..ram.len()).collect();
         Service { link, ram, shared, order, chunks, whole, in_window: false }
@@ -207,33 +242,46 @@ impl Service {
     fn run(mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the service thread panicked")));
-        let e = result.err().unwrap_or_else(|| Error::new(ErrorKind::Aborted, "closed"));
-        if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
-            self.link.send_error();
-        }
-        let clean_end = e.kind == ErrorKind::Disconnected && !self.in_window;
-        let e = match (e.kind, clean_end) {
-            (ErrorKind::Disconnected, true) => Error::new(ErrorKind::Disconnected, "the source closed the connection"),
-            (ErrorKind::Disconnected, false) => {
-                Error::new(ErrorKind::Disconnected, "the source disconnected inside an iteration window")
+        let end = self.judge(result);
+        if let Err(e) = &end {
+            if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
+                self.link.send_error();
             }
-            _ => e,
-        };
+        }
         // Deregister everything and destroy the QP, CQ and id before reporting the end.
         let Service { link, chunks, whole, shared, .. } = self;
         drop((chunks, whole, link));
         shared.counters.pinned_bytes.store(0, Ordering::Relaxed);
-        let mut state = shared.state.lock();
-        state.ended = Some(e);
-        state.clean_end = clean_end;
-        drop(state);
+        shared.state.lock().end = Some(end);
         shared.changed.notify_all();
     }
 
-    fn serve(&mut self) -> Result<()> {
+    /// How the connection ended. Only the completion handshake completes a
+    /// migration; a QEMU source (no handshake) that disconnects outside a
+    /// window ends it without proof; everything else is a failure.
+    fn judge(&self, result: Result<Ending>) -> Result<Ending> {
+        let e = match result {
+            Ok(ending) => return Ok(ending),
+            Err(e) if e.kind != ErrorKind::Disconnected => return Err(e),
+            Err(e) => e,
+        };
+        let why = if self.in_window {
+            "inside an iteration window: the RAM of that window is incomplete"
+        } else if self.link.negotiated.extensions {
+            "before completing the migration (no END)"
+        } else if self.link.closed_by_peer() {
+            return Ok(Ending::Unverified);
+        } else {
+            "between iteration windows"
+        };
+        Err(Error::new(ErrorKind::Disconnected, format!("the source disconnected {why} ({})", e.message)))
+    }
+
+    fn serve(&mut self) -> Result<Ending> {
         loop {
             self.wait_for_room()?;
             let shared = self.shared.clone();
+            let extensions = self.link.negotiated.extensions;
             let request = self.link.receive(|m| {
                 Ok(match m.kind {
                     CommandType::QemuFile => {
@@ -246,6 +294,7 @@ impl Service {
                     CommandType::UnregisterRequest => Request::Unregister(entries(m)?),
                     CommandType::Compress => Request::Zero(entries(m)?),
                     CommandType::RegisterFinished => Request::Finished,
+                    CommandType::End if extensions => Request::End(entries(m)?[0]),
                     other => {
                         return Err(Error::new(
                             ErrorKind::Protocol,
@@ -256,7 +305,7 @@ impl Service {
             })?;
             // Registration messages open a window, REGISTER_FINISHED closes it.
             self.in_window = match request {
-                Request::Stream(_) => self.in_window,
+                Request::Stream(_) | Request::End(_) => self.in_window,
                 Request::Finished => false,
                 _ => true,
             };
@@ -271,8 +320,30 @@ impl Service {
                     Counters::add(&self.shared.counters.iterations, 1);
                     self.shared.changed.notify_all();
                 }
+                Request::End(summary) => return self.end(summary),
             }
         }
+    }
+
+    /// END: acknowledges it if this side received everything it counts.
+    fn end(&mut self, summary: EndSummary) -> Result<Ending> {
+        let stats = self.shared.counters.snapshot();
+        let received = EndSummary { stream_bytes: stats.stream_bytes, windows: stats.iterations };
+        if self.in_window || summary != received {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "the source ended the migration after {} stream bytes and {} windows, this side has {} and {}{}",
+                    summary.stream_bytes,
+                    summary.windows,
+                    received.stream_bytes,
+                    received.windows,
+                    if self.in_window { " and a window still open" } else { "" }
+                ),
+            ));
+        }
+        self.link.respond(CommandType::EndAck, |_| Ok(()))?;
+        Ok(Ending::Completed)
     }
 
     /// Holds the next credit back while the hypervisor is behind on reading the stream.
@@ -287,68 +358,9 @@ impl Service {
         Ok(())
     }
 
-    /// The local block a source block index refers to.
-    fn block<'a>(order: &[usize], ram: &'a RamBlocks, source_index: u32) -> Result<(usize, &'a RamBlock)> {
-        let local = *order.get(source_index as usize).ok_or_else(|| {
-            Error::new(ErrorKind::Protocol, format!("block index {source_index} out of range ({} blocks)", order.len()))
-        })?;
-        Ok((local, &ram.blocks()[local]))
-    }
-
-    /// Offset within the block of an address in our RAM address space, checking `[addr, addr+len)` lies in it.
-    fn block_offset(block: &RamBlock, addr: u64, len: u64) -> Result<u64> {
-        addr.checked_sub(block.offset).filter(|&off| block.check_range(off, len).is_ok()).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Protocol,
-                format!(
-                    "range {addr:#x}+{len:#x} lies outside block '{}' ({:#x}+{:#x})",
-                    block.name, block.offset, block.length
-                ),
-            )
-        })
-    }
-
-    /// The local block of each block the source described, checking that the
-    /// two sides have the same blocks with the same lengths.
-    fn source_order(&self, specs: &[BlockSpec]) -> Result<Vec<usize>> {
-        let found: Vec<Option<usize>> = specs.iter().map(|s| self.ram.find(&s.name)).collect();
-        let missing: Vec<&str> =
-            specs.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(s, _)| s.name.as_str()).collect();
-        if !missing.is_empty() || specs.len() != self.ram.len() {
-            return Err(Error::new(
-                ErrorKind::BlockMismatch,
-                format!(
-                    "the source has {} blocks, this side {}; not found here: {missing:?}",
-                    specs.len(),
-                    self.ram.len()
-                ),
-            ));
-        }
-        let order: Vec<usize> = found.into_iter().flatten().collect();
-        if let Some(dup) = order.iter().enumerate().find(|(i, b)| order[..*i].contains(b)) {
-            return Err(Error::new(
-                ErrorKind::Protocol,
-                format!("the source named block '{}' twice", self.ram.blocks()[*dup.1].name),
-            ));
-        }
-        let differ: Vec<String> = specs
-            .iter()
-            .zip(&order)
-            .map(|(s, &local)| (s, &self.ram.blocks()[local]))
-            .filter(|(s, b)| s.length != b.length)
-            .map(|(s, b)| {
-                format!("block '{}' has length {:#x} on the source and {:#x} here", b.name, s.length, b.length)
-            })
-            .collect();
-        if !differ.is_empty() {
-            return Err(Error::new(ErrorKind::BlockMismatch, differ.join("; ")));
-        }
-        Ok(order)
-    }
-
     fn blocks(&mut self, specs: Vec<BlockSpec>) -> Result<()> {
         if !specs.is_empty() {
-            match self.source_order(&specs) {
+            match validate::match_blocks(&self.ram, &specs) {
                 Ok(order) => self.order = order,
                 Err(e) => {
                     // An empty answer makes the source fail with a count mismatch too.
@@ -390,64 +402,87 @@ impl Service {
     fn register(&mut self, requests: Vec<RegisterRequest>) -> Result<()> {
         let mut results = Vec::with_capacity(requests.len());
         for r in &requests {
-            let (local, block) = Self::block(&self.order, &self.ram, r.block_index)?;
-            let off = Self::block_offset(block, r.key, 1)?;
-            let first = (off >> CHUNK_SHIFT) as usize;
-            let last = r
-                .chunks
-                .try_into()
-                .ok()
-                .and_then(|extra: usize| first.checked_add(extra))
-                .filter(|&l| l < block.chunk_count());
-            let Some(last) = last else {
-                return Err(Error::new(
-                    ErrorKind::Protocol,
-                    format!("register request for {} chunks past the end of block '{}'", r.chunks, block.name),
-                ));
+            let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
+            let (first, last) = validate::register_span(block, r)?;
+            let host_addr = block.host as u64;
+            let rkey = match &self.whole[local] {
+                Some(mr) => mr.rkey(),
+                None => self.register_chunks(local, first, last)?,
             };
-            let rkey = if let Some(mr) = &self.whole[local] {
-                mr.rkey()
-            } else {
-                if self.chunks[local][first]
-                    .as_ref()
-                    .is_none_or(|mr| (mr.len() as u64) < block.chunk_range(last).1 - block.chunk_range(first).0)
-                {
-                    let (start, _) = block.chunk_range(first);
-                    let (_, end) = block.chunk_range(last);
-                    // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                    let mr = unsafe {
-                        self.link.pd.register(
-                            block.host_ptr(start),
-                            (end - start) as usize,
-                            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                        )?
-                    };
-                    self.shared.counters.pin(end - start);
-                    if let Some(old) = self.chunks[local][first].replace(mr) {
-                        self.shared.counters.unpin(old.len() as u64);
-                    }
-                    Counters::add(&self.shared.counters.chunks_registered, (last - first + 1) as u64);
-                }
-                self.chunks[local][first].as_ref().map_or(0, |mr| mr.rkey())
-            };
-            results.push(RegisterResult { rkey, host_addr: block.host as u64 });
+            results.push(RegisterResult { rkey, host_addr });
         }
         Counters::add(&self.shared.counters.registration_round_trips, 1);
         self.link.respond(CommandType::RegisterResult, |w| results.iter().try_for_each(|r| w.push(r)))
     }
 
+    /// The rkey of a registration covering chunks `[first, last]` of local
+    /// block `local`: an existing one that covers them all (its key stays
+    /// valid, as the source may still write with it), or a new one if none
+    /// of them is registered. Each chunk belongs to at most one MR, so each
+    /// pinned byte is counted once; a request that overlaps an existing
+    /// registration only in part is refused.
+    fn register_chunks(&mut self, local: usize, first: usize, last: usize) -> Result<u32> {
+        let regs = &mut self.chunks[local];
+        let owner = match regs[first] {
+            ChunkReg::Covered(o) => Some(o),
+            ChunkReg::Owner(_) => Some(first),
+            ChunkReg::Free => None,
+        };
+        if let Some(o) = owner {
+            let covers = (first..=last).all(|c| c == o || matches!(regs[c], ChunkReg::Covered(x) if x == o));
+            return match &regs[o] {
+                ChunkReg::Owner(mr) if covers => Ok(mr.rkey()),
+                _ => Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "register request for chunks {first}..={last} overlaps the registration at chunk {o} in part"
+                    ),
+                )),
+            };
+        }
+        if let Some(c) = (first..=last).find(|&c| !matches!(regs[c], ChunkReg::Free)) {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("register request for chunks {first}..={last} overlaps the registration of chunk {c}"),
+            ));
+        }
+        let block = &self.ram.blocks()[local];
+        let (start, _) = block.chunk_range(first);
+        let (_, end) = block.chunk_range(last);
+        // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
+        let mr = unsafe {
+            self.link.pd.register(
+                block.host_ptr(start),
+                (end - start) as usize,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )?
+        };
+        let rkey = mr.rkey();
+        self.shared.counters.pin(end - start);
+        Counters::add(&self.shared.counters.chunks_registered, (last - first + 1) as u64);
+        regs[first] = ChunkReg::Owner(mr);
+        for reg in &mut regs[first + 1..=last] {
+            *reg = ChunkReg::Covered(first);
+        }
+        Ok(rkey)
+    }
+
+    /// UNREGISTER: drops the registration holding each named chunk (all of its chunks).
     fn unregister(&mut self, requests: Vec<RegisterRequest>) -> Result<()> {
         for r in &requests {
-            let (local, block) = Self::block(&self.order, &self.ram, r.block_index)?;
-            // UNREGISTER carries a chunk index, not an address.
-            let chunk = usize::try_from(r.key).ok().filter(|&c| c < chunk_count(block.length)).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Protocol,
-                    format!("unregister of chunk {} past the end of block '{}'", r.key, block.name),
-                )
-            })?;
-            if let Some(mr) = self.chunks[local][chunk].take() {
+            let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
+            let chunk = validate::unregister_chunk(block, r)?;
+            let regs = &mut self.chunks[local];
+            let owner = match regs[chunk] {
+                ChunkReg::Covered(o) => o,
+                _ => chunk,
+            };
+            if let ChunkReg::Owner(mr) = std::mem::replace(&mut regs[owner], ChunkReg::Free) {
                 self.shared.counters.unpin(mr.len() as u64);
+                for reg in regs[owner + 1..].iter_mut().take_while(|r| matches!(r, ChunkReg::Covered(o) if *o == owner))
+                {
+                    *reg = ChunkReg::Free;
+                }
             }
         }
         let n = requests.len() as u32;
@@ -458,9 +493,10 @@ impl Service {
     }
 
     fn zero(&mut self, ranges: Vec<Compress>) -> Result<()> {
+        validate::check_compress(&ranges, self.link.negotiated.extensions)?;
         for z in &ranges {
-            let (_, block) = Self::block(&self.order, &self.ram, z.block_index)?;
-            let off = Self::block_offset(block, z.offset, z.length)?;
+            let (_, block) = validate::local_block(&self.order, &self.ram, z.block_index)?;
+            let off = validate::block_offset(block, z.offset, z.length)?;
             let ptr = block.host_ptr(off);
             // SAFETY: the range was checked to lie inside a block the hypervisor keeps mapped.
             // Already-zero memory is left untouched so untouched pages stay unallocated.

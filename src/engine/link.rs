@@ -28,6 +28,7 @@ use crate::{Error, ErrorKind, Result};
 
 /// Work-request ids. They never travel on the wire.
 const WRID_SEND_CONTROL: u64 = 2000;
+const WRID_PROBE: u64 = 3000;
 const WRID_RECV: [u64; 2] = [4000, 4001];
 /// RDMA WRITE ids carry this bit plus the write's sequence number.
 const WRID_WRITE: u64 = 1 << 63;
@@ -41,9 +42,15 @@ const RESPONSE: usize = 1;
 const SEND_QUEUE_DEPTH: u32 = 512;
 const RECV_QUEUE_DEPTH: u32 = 3;
 const CQ_ENTRIES: i32 = 1024;
-const RESOLVE_TIMEOUT_MS: i32 = 10_000;
-/// How often a blocked wait looks at connection events (disconnects).
+/// QEMU's bound for address and route resolution; the config's timeout may shorten it.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a blocked wait looks at connection events (disconnects), at the
+/// liveness probe and at the hypervisor's abort or cancel.
 const EVENT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Transport retries of an unacknowledged packet before the QP fails (QEMU's 5).
+const RETRY_COUNT: u8 = 5;
+/// How long an abort waits until the peer can take an ERROR (see `send_error`).
+const ERROR_GRACE: Duration = Duration::from_secs(1);
 
 impl From<VerbsError> for Error {
     fn from(e: VerbsError) -> Self {
@@ -110,6 +117,11 @@ impl ControlBuffer {
 pub(crate) struct Link {
     pub negotiated: Negotiated,
     pub timeout: Duration,
+    liveness: Option<Duration>,
+    /// When the outstanding liveness probe was posted.
+    probe_posted: Option<Instant>,
+    /// Last completion of any kind: the peer's NIC was there.
+    last_heard: Instant,
     pub counters: Arc<Counters>,
     /// Set by the owner of the connection to make blocked waits give up.
     pub stop: Arc<AtomicBool>,
@@ -134,7 +146,10 @@ pub(crate) struct Link {
     aborting: bool,
     writes_posted: u64,
     writes_completed: u64,
+    /// A disconnect (or device removal) event arrived: the link is gone.
     disconnected: bool,
+    /// That event was the peer's disconnect (not a device removal).
+    closed_by_peer: bool,
 }
 
 impl Link {
@@ -150,6 +165,9 @@ impl Link {
         Ok(Link {
             negotiated,
             timeout: config.timeout,
+            liveness: config.liveness,
+            probe_posted: None,
+            last_heard: Instant::now(),
             counters,
             stop: Arc::new(AtomicBool::new(false)),
             qp,
@@ -167,18 +185,20 @@ impl Link {
             writes_posted: 0,
             writes_completed: 0,
             disconnected: false,
+            closed_by_peer: false,
         })
     }
 
     /// Source side: resolve `host:port`, connect, and negotiate capabilities.
     pub fn connect(host: &str, port: u16, config: &Config, counters: Arc<Counters>) -> Result<Link> {
-        let addrs = resolve(host, port)?;
+        let deadline = Instant::now() + config.timeout;
+        let addrs = resolve(host, port, config.timeout)?;
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
-        let deadline = Instant::now() + config.timeout;
+        set_ack_timeout(&id, config)?;
         let mut last = None;
         for addr in &addrs {
-            match id.resolve_addr(addr, RESOLVE_TIMEOUT_MS) {
+            match id.resolve_addr(addr, resolve_timeout_ms(deadline)) {
                 Ok(()) => match expect_event(&channel, CmEventKind::AddrResolved, deadline) {
                     Ok(_) => {
                         last = None;
@@ -192,7 +212,7 @@ impl Link {
         if let Some(e) = last {
             return Err(Error::new(e.kind, format!("cannot resolve {host}:{port}: {}", e.message)));
         }
-        id.resolve_route(RESOLVE_TIMEOUT_MS)?;
+        id.resolve_route(resolve_timeout_ms(deadline))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline)?;
 
         let offered = Negotiated::offered(config);
@@ -204,7 +224,7 @@ impl Link {
             private_data: &caps,
             responder_resources: 0,
             initiator_depth: 2,
-            retry_count: 5,
+            retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
         let event = wait_event(&channel, deadline)?;
@@ -236,10 +256,7 @@ impl Link {
     /// Destination side: accept one connection request from `listener`.
     pub fn accept(listener: &Listener, counters: Arc<Counters>, timeout: Option<Duration>) -> Result<Link> {
         let config = &listener.config;
-        let event = match listener.channel.get_event(timeout)? {
-            Some(e) => e,
-            None => return Err(Error::new(ErrorKind::Timeout, "no connection request arrived")),
-        };
+        let event = listener.next_event(timeout)?;
         if event.kind() != CmEventKind::ConnectRequest {
             return Err(Error::new(
                 ErrorKind::Connect,
@@ -267,7 +284,8 @@ impl Link {
             return Err(version_error(config.protocol_version, request.version));
         }
         let negotiated = Negotiated::offered(config).masked(request.flags);
-        let mut link = match Link::new(id.clone(), negotiated, config, counters) {
+        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters));
+        let mut link = match link {
             Ok(link) => link,
             Err(e) => {
                 let _ = id.reject(&[]);
@@ -280,7 +298,7 @@ impl Link {
             private_data: &reply.encode(),
             responder_resources: 2,
             initiator_depth: 0,
-            retry_count: 5,
+            retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
         expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout)?;
@@ -313,6 +331,7 @@ impl Link {
             return Err(Error::new(ErrorKind::Aborted, format!("closed while waiting for {what}")));
         }
         self.check_events()?;
+        self.keepalive()?;
         let mut wait = EVENT_POLL_INTERVAL;
         if let Some(deadline) = deadline {
             let now = Instant::now();
@@ -331,6 +350,12 @@ impl Link {
     fn complete(&mut self, wc: &WorkCompletion) -> Result<()> {
         let id = wc.wr_id();
         if !wc.is_success() {
+            if id == WRID_PROBE {
+                return Err(Error::new(
+                    ErrorKind::Disconnected,
+                    format!("the peer stopped answering: liveness probe failed: {} ({})", wc.status_str(), wc.status()),
+                ));
+            }
             let what = match id {
                 WRID_SEND_CONTROL => "control SEND".to_string(),
                 _ if id & WRID_WRITE != 0 => format!("RDMA WRITE #{}", id & !WRID_WRITE),
@@ -338,7 +363,10 @@ impl Link {
             };
             return Err(Error::new(ErrorKind::Verbs, format!("{what} failed: {} ({})", wc.status_str(), wc.status())));
         }
-        if id & WRID_WRITE != 0 {
+        self.last_heard = Instant::now();
+        if id == WRID_PROBE {
+            self.probe_posted = None;
+        } else if id & WRID_WRITE != 0 {
             // A signalled completion implies every earlier WR on the send queue completed.
             self.writes_completed = self.writes_completed.max(id & !WRID_WRITE);
         } else if id == WRID_SEND_CONTROL {
@@ -348,6 +376,10 @@ impl Link {
         } else if let Some(slot) = WRID_RECV.iter().position(|&w| w == id) {
             self.posted[slot] = false;
             self.received[slot] = Some(wc.byte_len());
+            // The peer re-posts its own receive before it sends: a credit we granted is used.
+            if slot == INCOMING {
+                self.ready_granted = false;
+            }
             Counters::add(&self.counters.control_messages, 1);
         }
         Ok(())
@@ -356,18 +388,46 @@ impl Link {
     /// Fails if the connection is gone (disconnect or device removal events).
     pub fn check_events(&mut self) -> Result<()> {
         while let Some(event) = self.id.channel().get_event(Some(Duration::ZERO))? {
-            match event.kind() {
-                CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit => {
-                    self.disconnected = true;
-                    return Err(Error::new(
-                        ErrorKind::Disconnected,
-                        format!("connection lost: {:?} event", event.kind()),
-                    ));
-                }
-                _ => {}
+            let kind = event.kind();
+            if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
+                self.disconnected = true;
+                self.closed_by_peer = kind != CmEventKind::DeviceRemoval;
+                return Err(Error::new(ErrorKind::Disconnected, format!("connection lost: {kind:?} event")));
             }
         }
         Ok(())
+    }
+
+    /// Whether the connection ended with the peer's disconnect (rather than
+    /// a device removal, a transport error or a liveness failure).
+    pub fn closed_by_peer(&self) -> bool {
+        self.closed_by_peer
+    }
+
+    /// Liveness: posts a zero-length RDMA WRITE when nothing was heard from
+    /// the peer for a third of the liveness time, and fails when one stays
+    /// unacknowledged for two thirds of it. The peer's NIC answers it without
+    /// its software seeing anything, so this works against a QEMU peer too.
+    pub fn keepalive(&mut self) -> Result<()> {
+        let Some(liveness) = self.liveness else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        match self.probe_posted {
+            Some(at) if now.duration_since(at) > liveness * 2 / 3 => Err(Error::new(
+                ErrorKind::Disconnected,
+                format!(
+                    "the peer has not answered for {:?} (liveness probe unacknowledged)",
+                    now.duration_since(self.last_heard)
+                ),
+            )),
+            None if now.duration_since(self.last_heard) >= liveness / 3 => {
+                self.qp.post_zero_write(WRID_PROBE, true)?;
+                self.probe_posted = Some(now);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -488,7 +548,6 @@ impl Link {
         self.send(CommandType::Ready, |_| Ok(()))?;
         self.ready_granted = true;
         self.wait_until("a control message from the peer", None, |l| l.received[INCOMING].is_some())?;
-        self.ready_granted = false;
         let r = self.take(INCOMING, None, f)?;
         self.post_recv(INCOMING)?;
         Ok(r)
@@ -527,18 +586,27 @@ impl Link {
         self.wait_until("RDMA WRITEs to complete", deadline, |l| l.writes_completed >= seq)
     }
 
-    /// Best effort on abort: tell the peer with an ERROR message, unless the
-    /// link is gone, a SEND is still in flight, or the peer has no RECV posted
-    /// for it (we granted the source a READY it has not used yet: with
-    /// rnr_retry 0 the ERROR would only fail). The source side may always send:
-    /// the destination re-posts its RECV as soon as a message arrives.
+    /// Best effort on abort: tell the peer with an ERROR message. The peer
+    /// must have a RECV posted for it (with rnr_retry 0 a SEND without one
+    /// kills the connection instead). A source always has one: the
+    /// destination re-posts its RECV as soon as a message arrives. A
+    /// destination that granted a READY the source has not used yet must
+    /// wait: the source's RECV took that READY, and the source posts the next
+    /// one just before it sends its next message. So the ERROR waits (at most
+    /// `ERROR_GRACE`) for a SEND still in flight and for that message; if the
+    /// source sends nothing meanwhile, it learns of the end from the
+    /// disconnect instead.
     pub fn send_error(&mut self) {
-        if self.disconnected || !self.send_done || self.ready_granted {
+        if self.disconnected {
             return;
         }
         self.aborting = true;
-        let deadline = Some(Instant::now() + Duration::from_secs(1));
-        let _ = self.send_until(CommandType::Error, deadline, |_| Ok(()));
+        let deadline = Some(Instant::now() + ERROR_GRACE);
+        let can_send =
+            self.wait_until("the peer to be able to take an ERROR", deadline, |l| l.send_done && !l.ready_granted);
+        if can_send.is_ok() {
+            let _ = self.send_until(CommandType::Error, deadline, |_| Ok(()));
+        }
     }
 }
 
@@ -554,9 +622,13 @@ fn version_error(ours: u32, theirs: u32) -> Error {
     Error::new(ErrorKind::Version, format!("the peer speaks RDMA migration protocol version {theirs}, we speak {ours}"))
 }
 
-fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
-    verbs::resolve(host, port)
-        .map_err(|e| Error::new(ErrorKind::Connect, format!("cannot resolve '{host}': {e}")))
+/// `host:port` as addresses, waiting at most `timeout` for the resolver.
+fn resolve(host: &str, port: u16, timeout: Duration) -> Result<Vec<SocketAddr>> {
+    verbs::resolve(host, port, timeout)
+        .map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::TimedOut { ErrorKind::Timeout } else { ErrorKind::Connect };
+            Error::new(kind, format!("cannot resolve '{host}': {e}"))
+        })
         .and_then(|a| {
             if a.is_empty() {
                 Err(Error::new(ErrorKind::Connect, format!("'{host}' has no address")))
@@ -564,6 +636,29 @@ fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
                 Ok(a)
             }
         })
+}
+
+/// The resolve timeout for rdma_cm: QEMU's, or what is left until `deadline` if less.
+fn resolve_timeout_ms(deadline: Instant) -> i32 {
+    let left = deadline.saturating_duration_since(Instant::now()).min(RESOLVE_TIMEOUT);
+    (left.as_millis() as i32).max(1)
+}
+
+/// Sets the QP's ACK timeout from the liveness time: the QP gives up on an
+/// unacknowledged packet after `RETRY_COUNT + 1` timeouts, which should take
+/// at most half the liveness time, but one timeout never drops below 0.27 s
+/// (2^16 × 4.096 µs), so a slow software link is not declared dead, nor above
+/// 4.3 s (2^20). Without liveness, rdma_cm's default stays.
+fn set_ack_timeout(id: &CmId, config: &Config) -> Result<()> {
+    let Some(liveness) = config.liveness else {
+        return Ok(());
+    };
+    let per_try_ns = liveness.as_nanos() / 2 / (u128::from(RETRY_COUNT) + 1);
+    let mut exponent = 16u8;
+    while exponent < 20 && 4096u128 << (exponent + 1) <= per_try_ns {
+        exponent += 1;
+    }
+    Ok(id.set_ack_timeout(exponent)?)
 }
 
 fn wait_event(channel: &EventChannel, deadline: Instant) -> Result<verbs::CmEvent> {
@@ -589,16 +684,18 @@ pub struct Listener {
     channel: Arc<EventChannel>,
     id: Arc<CmId>,
     config: Config,
+    cancelled: AtomicBool,
 }
 
 impl Listener {
     /// Listens on `host:port` (a name, an IPv4 or an IPv6 address; port 0 picks one).
     pub fn bind(host: &str, port: u16, config: &Config) -> Result<Listener> {
+        let addrs = resolve(host, port, config.timeout)?;
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
         id.set_reuseaddr()?;
         let mut last = None;
-        for addr in resolve(host, port)? {
+        for addr in addrs {
             match id.bind_addr(&addr) {
                 Ok(()) => {
                     last = None;
@@ -612,7 +709,32 @@ impl Listener {
             return Err(Error::new(e.kind, format!("cannot bind {host}:{port}: {}", e.message)));
         }
         id.listen(5)?;
-        Ok(Listener { channel, id, config: config.clone() })
+        Ok(Listener { channel, id, config: config.clone(), cancelled: AtomicBool::new(false) })
+    }
+
+    /// Makes every accept on this listener, running or later, fail with
+    /// `Cancelled` (within `EVENT_POLL_INTERVAL`). Callable from any thread.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// The next connection event, waiting at most `timeout` (`None`: for
+    /// ever) in slices so that `cancel` is noticed.
+    fn next_event(&self, timeout: Option<Duration>) -> Result<verbs::CmEvent> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if self.cancelled.load(Ordering::Relaxed) {
+                return Err(Error::new(ErrorKind::Cancelled, "the listener was cancelled"));
+            }
+            let slice = deadline
+                .map_or(EVENT_POLL_INTERVAL, |d| d.saturating_duration_since(Instant::now()).min(EVENT_POLL_INTERVAL));
+            if let Some(event) = self.channel.get_event(Some(slice))? {
+                return Ok(event);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::new(ErrorKind::Timeout, "no connection request arrived"));
+            }
+        }
     }
 
     /// The port actually bound (useful after binding port 0).

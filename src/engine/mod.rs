@@ -12,13 +12,27 @@ pub mod ram;
 mod source;
 pub mod stats;
 mod sync;
+mod validate;
 
 pub use config::Config;
-pub use destination::Destination;
+pub use destination::{Destination, Read};
 pub use link::{Listener, Negotiated};
 pub use ram::{RamBlock, RamBlocks};
 pub use source::Source;
 pub use stats::Stats;
+
+/// How a migration connection ended, when it did not fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Both sides know the migration is complete: the source's END (after its
+    /// last window and stream byte) was checked and acknowledged by the
+    /// destination. Only between rdmamig peers.
+    Completed,
+    /// The peer closed the connection outside any iteration window without a
+    /// completion handshake: a QEMU peer, which has none. Whether everything
+    /// arrived is for the stream itself to prove (QEMU's QEMU_VM_EOF).
+    Unverified,
+}
 
 /// Whether `len` bytes at `ptr` are all zero. Guest RAM may change under us
 /// (the guest keeps running), so it is read with volatile loads.

@@ -9,16 +9,18 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
+use parking_lot::RwLock;
 
 use crate::engine::link::{protocol_error as protocol, Link, Negotiated};
 use crate::engine::ram::{chunk_of, RamBlocks};
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::sync::{Done, StickyError};
-use crate::engine::{is_zero, Config};
+use crate::engine::validate::MAX_COMPRESS_BYTES;
+use crate::engine::{is_zero, Config, Ending};
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD, MAX_REPEAT,
-    SEND_INCREMENT,
+    BlockSpec, CommandType, Compress, DestBlock, EndSummary, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD,
+    MAX_REPEAT, SEND_INCREMENT,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -52,12 +54,14 @@ enum Command {
     Sync(Arc<Done>),
     /// Close the window: all writes complete, then REGISTER_FINISHED.
     EndIteration(Arc<Done>),
+    /// The completion handshake (rdmamig peers): END, then wait for END_ACK.
+    End(Arc<Done>),
 }
 
 impl Command {
     fn done(&self) -> Option<&Arc<Done>> {
         match self {
-            Command::Sync(d) | Command::EndIteration(d) => Some(d),
+            Command::Sync(d) | Command::EndIteration(d) | Command::End(d) => Some(d),
             _ => None,
         }
     }
@@ -107,7 +111,10 @@ pub struct Source {
     ram: RamBlocks,
     negotiated: Negotiated,
     stop: Arc<AtomicBool>,
-    in_window: AtomicBool,
+    /// Whether an iteration window is open. `save` holds it shared while it
+    /// checks and queues, `iteration_end` exclusively while it closes the
+    /// window, so a save is either queued before REGISTER_FINISHED or refused.
+    in_window: RwLock<bool>,
     outgoing: Vec<u8>,
 }
 
@@ -140,7 +147,7 @@ impl Source {
             ram: ram.clone(),
             negotiated,
             stop,
-            in_window: AtomicBool::new(false),
+            in_window: RwLock::new(false),
             outgoing: Vec::new(),
         })
     }
@@ -156,21 +163,22 @@ impl Source {
     /// exchanges the RAM-block lists.
     pub fn iteration_begin(&mut self) -> Result<()> {
         self.shared.error.check()?;
-        if self.in_window.load(Ordering::Relaxed) {
+        if *self.in_window.get_mut() {
             return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
         }
         self.queue_stream(true)?;
-        self.in_window.store(true, Ordering::Relaxed);
+        *self.in_window.get_mut() = true;
         Ok(())
     }
 
     /// Queues `len` bytes at `offset` of block `block` for transfer and returns at once.
     pub fn save(&self, block: u32, offset: u64, len: u64) -> Result<()> {
         self.shared.error.check()?;
-        if !self.in_window.load(Ordering::Relaxed) {
+        self.ram.get(block)?.check_range(offset, len)?;
+        let in_window = self.in_window.read();
+        if !*in_window {
             return Err(Error::new(ErrorKind::State, "save outside an iteration window"));
         }
-        self.ram.get(block)?.check_range(offset, len)?;
         if len > 0 {
             self.shared.push(Command::Save { block, offset, len })?;
         }
@@ -180,7 +188,8 @@ impl Source {
     /// Closes the window: waits until every write of it has completed, then
     /// tells the destination (REGISTER_FINISHED).
     pub fn iteration_end(&mut self) -> Result<()> {
-        if !self.in_window.swap(false, Ordering::Relaxed) {
+        // Waits for saves still queueing; later ones see the window closed.
+        if !std::mem::replace(&mut *self.in_window.write(), false) {
             return Err(Error::new(ErrorKind::State, "no iteration window is open"));
         }
         let start = Instant::now();
@@ -195,7 +204,7 @@ impl Source {
     pub fn put(&mut self, data: &[u8]) -> Result<()> {
         self.shared.error.check()?;
         self.outgoing.extend_from_slice(data);
-        if !self.in_window.load(Ordering::Relaxed) {
+        if !*self.in_window.get_mut() {
             self.queue_stream(false)?;
         }
         Ok(())
@@ -204,7 +213,7 @@ impl Source {
     /// Sends every byte `put` so far and waits until it is out. Not inside an
     /// iteration window (see `put`).
     pub fn flush(&mut self) -> Result<()> {
-        if self.in_window.load(Ordering::Relaxed) {
+        if *self.in_window.get_mut() {
             return Err(Error::new(ErrorKind::State, "flush inside an iteration window: end the window first"));
         }
         self.queue_stream(true)?;
@@ -239,10 +248,21 @@ impl Source {
         }
     }
 
-    /// Ends an open window, flushes the stream, waits for queued work, and disconnects.
-    pub fn close(mut self) -> Result<()> {
-        let r = if self.in_window.load(Ordering::Relaxed) { self.iteration_end() } else { Ok(()) };
-        let r = r.and_then(|()| self.flush());
+    /// Ends an open window, flushes the stream, waits for queued work, and
+    /// disconnects. With an rdmamig destination it first runs the completion
+    /// handshake: [`Ending::Completed`] means the destination checked and
+    /// acknowledged that it has everything. A QEMU destination has no
+    /// handshake: [`Ending::Unverified`] means everything was sent and every
+    /// write completed, but only QEMU itself knows whether it loaded it.
+    pub fn close(mut self) -> Result<Ending> {
+        let r = if *self.in_window.get_mut() { self.iteration_end() } else { Ok(()) };
+        let r = r.and_then(|()| self.flush()).and_then(|()| {
+            if self.negotiated.extensions {
+                self.call(Command::End).map(|()| Ending::Completed)
+            } else {
+                Ok(Ending::Unverified)
+            }
+        });
         self.shutdown();
         r
     }
@@ -304,8 +324,9 @@ struct Engine {
     blocks_exchanged: bool,
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
-    /// Zero ranges for the next COMPRESS message (rdmamig peers only).
+    /// Zero ranges for the next COMPRESS message (rdmamig peers only), and their bytes.
     zeros: Vec<Compress>,
+    zero_bytes: u64,
     /// Writes waiting for their chunk's registration, in arrival order.
     deferred: Vec<Piece>,
     to_register: Vec<(u32, usize)>,
@@ -338,6 +359,7 @@ impl Engine {
             blocks_exchanged: false,
             pending: Vec::with_capacity(MERGE_SLOTS),
             zeros: Vec::new(),
+            zero_bytes: 0,
             deferred: Vec::new(),
             to_register: Vec::new(),
             inflight: VecDeque::new(),
@@ -378,11 +400,15 @@ impl Engine {
             match self.shared.queue.pop() {
                 Some(cmd) => {
                     let done = cmd.done().cloned();
+                    let last = matches!(cmd, Command::End(_));
                     if let Err(e) = self.handle(cmd) {
                         if let Some(d) = done {
                             d.set(Err(e.clone()));
                         }
                         return Err(e);
+                    }
+                    if last {
+                        return Ok(());
                     }
                 }
                 None => {
@@ -394,6 +420,7 @@ impl Engine {
                     }
                     thread::park_timeout(std::time::Duration::from_millis(100));
                     self.link.check_events()?;
+                    self.link.keepalive()?;
                 }
             }
         }
@@ -422,6 +449,14 @@ impl Engine {
                 self.link.post_message(CommandType::RegisterFinished, |_| Ok(()))?;
                 self.retire_completed();
                 Counters::add(&self.shared.counters.iterations, 1);
+                done.set(Ok(()));
+                Ok(())
+            }
+            Command::End(done) => {
+                // What END counts comes from this thread's own counters: it sent all of it.
+                let stats = self.shared.counters.snapshot();
+                let summary = EndSummary { stream_bytes: stats.stream_bytes, windows: stats.iterations };
+                self.link.request(CommandType::End, |w| w.push(&summary), CommandType::EndAck, |_| Ok(()))?;
                 done.set(Ok(()));
                 Ok(())
             }
@@ -542,6 +577,11 @@ impl Engine {
         // First touch of an unregistered chunk: an all-zero range needs no registration.
         // SAFETY: the range was checked against the block in `Source::save`.
         if unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) } {
+            // The destination bounds the bytes one COMPRESS may zero.
+            if self.zero_bytes + p.len > MAX_COMPRESS_BYTES {
+                self.send_zeros()?;
+            }
+            self.zero_bytes += p.len;
             let entry = Compress { value: 0, block_index: p.block, offset: dest_offset + p.offset, length: p.len };
             match self.zeros.last_mut() {
                 Some(z) if z.block_index == entry.block_index && z.offset + z.length == entry.offset => {
@@ -578,6 +618,7 @@ impl Engine {
             return Ok(());
         }
         let zeros = std::mem::take(&mut self.zeros);
+        self.zero_bytes = 0;
         self.link.post_message(CommandType::Compress, |w| zeros.iter().try_for_each(|z| w.push(z)))?;
         Counters::add(&self.shared.counters.zero_chunks, zeros.len() as u64);
         Ok(())

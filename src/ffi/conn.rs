@@ -12,7 +12,7 @@ use super::last_error::{
 };
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Destination, Source, Stats};
+use crate::engine::{Destination, Ending, Read, Source, Stats};
 
 /// One end of a migration connection: a source (made by `rdmamig_connect`)
 /// or a destination (made by `rdmamig_listener_accept`). A call that does
@@ -70,21 +70,27 @@ impl Conn {
     }
 
     /// Runs `body`; on failure keeps its message here and as the thread's
-    /// last error. Returns the status.
-    pub(crate) fn run(&self, body: impl FnOnce(&Self) -> Result<(), Failure>) -> rdmamig_status {
+    /// last error. Returns the status (`RDMAMIG_OK`, or an ending, on success).
+    pub(crate) fn run<S: Into<rdmamig_status>>(
+        &self,
+        body: impl FnOnce(&Self) -> Result<S, Failure>,
+    ) -> rdmamig_status {
         let r = body(self);
         self.status(r)
     }
 
     /// As [`Conn::run`], for calls that need exclusive use.
-    pub(crate) fn run_mut(&mut self, body: impl FnOnce(&mut Self) -> Result<(), Failure>) -> rdmamig_status {
+    pub(crate) fn run_mut<S: Into<rdmamig_status>>(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> Result<S, Failure>,
+    ) -> rdmamig_status {
         let r = body(self);
         self.status(r)
     }
 
-    fn status(&self, r: Result<(), Failure>) -> rdmamig_status {
+    fn status<S: Into<rdmamig_status>>(&self, r: Result<S, Failure>) -> rdmamig_status {
         match r {
-            Ok(()) => rdmamig_status::RDMAMIG_OK,
+            Ok(s) => s.into(),
             Err(f) => {
                 set_last_error(&f.message);
                 *self.last_error.lock() = Some(f.message);
@@ -134,26 +140,32 @@ impl Conn {
         }
     }
 
-    /// The failure that ended the connection, else the last failed call's message.
+    /// The last failed call's message, else the failure that ended the connection.
     fn error_message(&self) -> Option<String> {
-        let ended = match &self.role {
+        let ended = || match &self.role {
             Role::Source(s) => s.error(),
             Role::Destination(d) => d.error(),
             Role::Closed => None,
         };
-        ended.map(|e| e.message).or_else(|| self.last_error.lock().clone())
+        self.last_error.lock().clone().or_else(|| ended().map(|e| e.message))
     }
 
-    /// Closes: a source flushes and disconnects, a destination stops serving.
-    fn close(&mut self, func: &str) -> Result<(), Failure> {
-        match std::mem::replace(&mut self.role, Role::Closed) {
-            Role::Source(s) => Ok(s.close()?),
+    /// Closes: a source flushes, runs the completion handshake and
+    /// disconnects; a destination stops serving. `RDMAMIG_OK` only for a
+    /// completed migration.
+    fn close(&mut self, func: &str) -> Result<rdmamig_status, Failure> {
+        let ending = match std::mem::replace(&mut self.role, Role::Closed) {
+            Role::Source(s) => s.close()?,
             Role::Destination(d) => {
                 d.close();
-                Ok(())
+                d.wait_end(None)?
             }
-            Role::Closed => Err(self.wrong_role(func, "open")),
-        }
+            Role::Closed => return Err(self.wrong_role(func, "open")),
+        };
+        Ok(match ending {
+            Ending::Completed => rdmamig_status::RDMAMIG_OK,
+            Ending::Unverified => rdmamig_status::RDMAMIG_END_UNVERIFIED,
+        })
     }
 }
 
@@ -231,10 +243,11 @@ pub extern "C" fn rdmamig_connect(
 }
 
 /// Frees a connection, closing it first if `rdmamig_conn_close` was not
-/// called: a source flushes the stream and disconnects (waiting for the
+/// called (which is the way to learn the outcome): a source flushes the
+/// stream, runs the completion handshake and disconnects (waiting for the
 /// queued work, at most the config's timeout per wait), a destination stops
-/// serving (an unfinished source gets an ERROR). If the source's final flush
-/// fails, its message becomes the thread's `rdmamig_last_error_message`.
+/// serving (an unfinished source gets an ERROR). If that close fails, its
+/// message becomes the thread's `rdmamig_last_error_message`.
 ///
 /// NULL is a no-op. Must not be called twice, nor while any other call is
 /// running on the connection. Afterwards the connection's RAM may be unmapped.
@@ -249,10 +262,23 @@ pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
     }
 }
 
-/// Closes the connection and returns the outcome. A source flushes the
-/// stream, waits until everything queued is out, and disconnects; the status
-/// says whether that worked. A destination stops serving (an unfinished
-/// source gets an ERROR) and returns `RDMAMIG_OK`.
+/// Closes the connection and returns the outcome of the migration:
+/// `RDMAMIG_OK` only when it completed, which both sides then agree on.
+///
+/// A source ends an open iteration window, flushes the stream, waits until
+/// everything queued is out, and, toward an rdmamig destination, sends its
+/// end marker and waits for the destination's acknowledgement; then it
+/// disconnects. It returns `RDMAMIG_OK` once acknowledged;
+/// `RDMAMIG_END_UNVERIFIED` toward a QEMU destination (everything was sent and
+/// written, but QEMU has no acknowledgement: its own return path must
+/// confirm); otherwise the error (the migration did not complete).
+///
+/// A destination stops serving (a source still migrating gets an ERROR,
+/// see `rdmamig_conn_abort`) and returns how the connection had ended:
+/// `RDMAMIG_OK` if the migration completed, `RDMAMIG_END_UNVERIFIED` if a
+/// QEMU source closed without proof, or the failure (`RDMAMIG_ERR_ABORTED`
+/// if it was still running). Call `rdmamig_conn_wait_end` first to let a
+/// migration finish.
 ///
 /// Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
 /// valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close.
@@ -384,10 +410,14 @@ pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status 
 /// their number in `*read_out`. `len == 0` returns at once with 0 (`buf` may
 /// then be NULL).
 ///
-/// Once the source has closed the connection and every byte was read, returns
-/// `RDMAMIG_ERR_DISCONNECTED`: the end of the stream. After a failure,
-/// returns the connection's error; `RDMAMIG_ERR_TIMEOUT` when the wait ran
-/// out (nothing is lost: call again).
+/// Once the connection has ended and every byte was read, returns how it
+/// ended, with `*read_out` 0: `RDMAMIG_END_COMPLETED` (the migration
+/// completed), `RDMAMIG_END_UNVERIFIED` (a QEMU source closed the connection
+/// outside an iteration window: only the stream can prove it is whole), or
+/// the failure (`RDMAMIG_ERR_DISCONNECTED`, `RDMAMIG_ERR_PEER`, ...: the
+/// migration did not complete, whatever the stream looks like).
+/// `RDMAMIG_ERR_TIMEOUT` when the wait ran out (nothing is lost: call
+/// again).
 ///
 /// Thread safety: takes a `const` handle, so another thread may call
 /// `rdmamig_conn_abort` (or read stats) meanwhile.
@@ -405,8 +435,16 @@ pub extern "C" fn rdmamig_conn_get(
         conn.run(|c| {
             let buf = bytes_mut(buf.cast::<u8>(), len, F, "buf")?;
             let read_out = out_ref(read_out, F, "read_out")?;
-            *read_out = c.destination(F)?.get(buf, timeout_of(timeout_ms))?;
-            Ok(())
+            Ok(match c.destination(F)?.get(buf, timeout_of(timeout_ms))? {
+                Read::Bytes(n) => {
+                    *read_out = n;
+                    rdmamig_status::RDMAMIG_OK
+                }
+                Read::End(ending) => {
+                    *read_out = 0;
+                    ending.into()
+                }
+            })
         })
     }
 }
@@ -417,7 +455,7 @@ pub extern "C" fn rdmamig_conn_get(
 /// `*done_out` (which may be NULL). `n == 0` returns at once.
 ///
 /// Returns `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
-/// `RDMAMIG_ERR_DISCONNECTED` when the source closed the connection before
+/// `RDMAMIG_ERR_DISCONNECTED` when the source ended the migration before
 /// `n` windows completed, or the connection's error.
 ///
 /// Thread safety: takes a `const` handle, so another thread may call
@@ -442,9 +480,42 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
     }
 }
 
+/// Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
+/// until the connection has ended and returns how: `RDMAMIG_END_COMPLETED`
+/// (the source's end marker arrived after its last window and last stream
+/// byte, matched what this side received, and was acknowledged),
+/// `RDMAMIG_END_UNVERIFIED` (a QEMU source, which has no end marker, closed
+/// the connection outside an iteration window: the stream must prove the
+/// migration whole, e.g. by ending in QEMU_VM_EOF), or the failure (the
+/// migration did not complete: do not run the guest). `RDMAMIG_ERR_TIMEOUT`
+/// if it has not ended yet.
+///
+/// A hypervisor calls it after its stream loader finished, before it runs
+/// the guest: a loader that saw a whole stream does not prove that all RAM
+/// arrived. Stream bytes not read yet stay readable with `rdmamig_conn_get`
+/// (the source may be held back while more than 256 MiB are unread).
+///
+/// Thread safety: takes a `const` handle, so another thread may call
+/// `rdmamig_conn_abort` (or read stats) meanwhile.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u32) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_wait_end";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| Ok(c.destination(F)?.wait_end(timeout_of(timeout_ms))?))
+    }
+}
+
 /// Aborts the migration. A source's transfer thread sends ERROR to the
-/// destination and tears the connection down; a destination's service thread
-/// does the same toward a source still migrating. Calls blocked on the
+/// destination (which always has a receive posted for it) and tears the
+/// connection down. A destination's service thread does the same toward a
+/// source still migrating, with one exception that the protocol imposes:
+/// while the destination has granted the source a credit (READY) that the
+/// source has not used yet, the source has no receive posted, so the ERROR
+/// waits up to 1 s for the source's next message (before which the source
+/// posts one) and is not sent if none comes; the source then learns of the
+/// abort from the disconnect (`RDMAMIG_ERR_DISCONNECTED`) instead of
+/// `RDMAMIG_ERR_PEER`. Either way its `rdmamig_conn_close` fails. Calls blocked on the
 /// connection in other threads (`rdmamig_conn_iteration_end`,
 /// `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`)
 /// then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
@@ -475,9 +546,10 @@ pub extern "C" fn rdmamig_conn_abort(conn: *const rdmamig_conn) -> rdmamig_statu
 /// needed; returns the full length of the message, not counting the NUL.
 /// `(NULL, 0)` asks for the length.
 ///
-/// The message is that of the last call on this connection that failed, or,
-/// if none failed yet, of the failure that ended the connection in the
-/// library's thread; an empty message (0) if there is neither. Returns 0
+/// The message is that of the last call on this connection that failed
+/// (whatever failed after it), or, if none failed yet, of the failure that
+/// ended the connection in the library's thread; an empty message (0) if
+/// there is neither. Returns 0
 /// when `conn` is NULL.
 ///
 /// Thread safety: may run concurrently with other `const` uses of `conn`.
@@ -520,6 +592,7 @@ mod tests {
         let mut read = 0;
         assert_eq!(rdmamig_conn_get(n, null_mut(), 0, 0, &mut read), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_wait_iteration(n, 1, 1, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_wait_end(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_abort(n), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_error_message(n, null_mut(), 0), 0);
         rdmamig_conn_free(n);
@@ -558,6 +631,7 @@ mod tests {
         assert_eq!(rdmamig_conn_close(conn), RDMAMIG_ERR_STATE);
         assert_eq!(rdmamig_conn_abort(conn), RDMAMIG_ERR_STATE);
         assert_eq!(rdmamig_conn_negotiated(conn, null_mut(), null_mut()), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_wait_end(conn, 1), RDMAMIG_ERR_STATE);
         rdmamig_conn_free(conn);
     }
 }

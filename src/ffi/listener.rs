@@ -18,10 +18,10 @@ use crate::engine::{Destination, Listener};
 /// connections are independent of it: the listener may be freed while they
 /// run.
 ///
-/// Thread safety: `rdmamig_listener_port` and `rdmamig_listener_accept` take
-/// a `const` pointer and may run concurrently (each accept takes a different
-/// connection request); nothing may run concurrently with
-/// `rdmamig_listener_free`.
+/// Thread safety: `rdmamig_listener_port`, `rdmamig_listener_accept` and
+/// `rdmamig_listener_cancel` take a `const` pointer and may run concurrently
+/// (each accept takes a different connection request); nothing may run
+/// concurrently with `rdmamig_listener_free`.
 pub struct rdmamig_listener {
     _private: [u8; 0],
 }
@@ -40,9 +40,11 @@ impl Castable for rdmamig_listener {
 /// unchanged and the message is available from `rdmamig_last_error_message`.
 ///
 /// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
-/// `RDMAMIG_ERR_INVALID_ARGUMENT` (host not UTF-8 or not resolvable);
-/// `RDMAMIG_ERR_VERBS` / `RDMAMIG_ERR_CONNECT` (cannot bind or listen, e.g. no
-/// RDMA device has that address, or the port is taken).
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` (host not UTF-8); `RDMAMIG_ERR_CONNECT`
+/// (host not resolvable); `RDMAMIG_ERR_TIMEOUT` (the resolver gave no answer
+/// within the config's timeout); `RDMAMIG_ERR_VERBS` / `RDMAMIG_ERR_CONNECT`
+/// (cannot bind or listen, e.g. no RDMA device has that address, or the port
+/// is taken).
 ///
 /// Thread-safe.
 #[no_mangle]
@@ -109,8 +111,9 @@ pub extern "C" fn rdmamig_listener_free(listener: *mut rdmamig_listener) {
 ///
 /// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
-/// (no source came); `RDMAMIG_ERR_VERSION` (the source speaks another protocol
-/// version: it was rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
+/// (no source came); `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
+/// `RDMAMIG_ERR_VERSION` (the source speaks another protocol version: it was
+/// rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
 /// `RDMAMIG_ERR_VERBS`.
 ///
 /// Thread safety: may run concurrently with other `const` uses of `listener`
@@ -130,6 +133,26 @@ pub extern "C" fn rdmamig_listener_accept(
             let out = out_ref(out, F, "out")?;
             let destination = Destination::accept(listener, ram, timeout_of(timeout_ms))?;
             *out = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Destination(destination)));
+            Ok(())
+        })
+    }
+}
+
+/// Cancels the listener: every `rdmamig_listener_accept` running on it
+/// returns `RDMAMIG_ERR_CANCELLED` within about 100 ms, and so does every
+/// later one at once. Connections already accepted are not affected. Meant
+/// for another thread than the one blocked in accept, e.g. to shut a
+/// destination down before `rdmamig_listener_free`.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`.
+///
+/// Thread safety: may run concurrently with other `const` uses of `listener`.
+#[no_mangle]
+pub extern "C" fn rdmamig_listener_cancel(listener: *const rdmamig_listener) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_listener_cancel";
+        record(|| {
+            handle(listener, F, "listener")?.cancel();
             Ok(())
         })
     }

@@ -71,7 +71,7 @@ mod header_tests {
         let in_header: Vec<(String, u32)> = h
             .lines()
             .map(str::trim)
-            .filter(|l| l.starts_with("RDMAMIG_OK") || l.starts_with("RDMAMIG_ERR_"))
+            .filter(|l| ["RDMAMIG_OK", "RDMAMIG_ERR_", "RDMAMIG_END_"].iter().any(|p| l.starts_with(p)))
             .map(|l| {
                 let (name, value) = l.trim_end_matches(',').split_once(" = ").expect("NAME = value");
                 (name.to_string(), value.parse().expect("number"))

@@ -1,10 +1,14 @@
 //! `rdmamig_status`: the result of every fallible C function.
 
+use crate::engine::Ending;
 use crate::{Error, ErrorKind};
 use std::ffi::CStr;
 
-/// The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success; every
-/// other value is an error.
+/// The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success;
+/// `RDMAMIG_END_COMPLETED` and `RDMAMIG_END_UNVERIFIED` say how a migration
+/// connection ended without failing (`rdmamig_conn_get`,
+/// `rdmamig_conn_wait_end`, `rdmamig_conn_close`); every other value is an
+/// error.
 ///
 /// The values are part of the ABI: each is fixed forever, and a value that is
 /// retired is never reused for another meaning. New values are only ever added
@@ -50,12 +54,24 @@ pub enum rdmamig_status {
     RDMAMIG_ERR_STATE = 14,
     /// A caller-supplied output buffer is too small; the call says how much is needed.
     RDMAMIG_ERR_BUFFER_TOO_SMALL = 15,
+    /// Not an error: the migration completed. The source's last window and
+    /// last stream byte were followed by its end marker, which the destination
+    /// checked against what it received and acknowledged. Only between
+    /// rdmamig peers.
+    RDMAMIG_END_COMPLETED = 16,
+    /// Not an error, and not a proof: the peer (QEMU, which has no completion
+    /// handshake) closed the connection outside any iteration window. Whether
+    /// the migration is complete is for the stream to prove (QEMU's
+    /// QEMU_VM_EOF); a source gets it when everything was sent and written.
+    RDMAMIG_END_UNVERIFIED = 17,
+    /// The wait was cancelled (`rdmamig_listener_cancel`).
+    RDMAMIG_ERR_CANCELLED = 18,
 }
 
 impl rdmamig_status {
     /// Every value, in numeric order. Keep in step with the enum (a unit test
     /// compares it with the header).
-    pub(crate) const ALL: [rdmamig_status; 16] = {
+    pub(crate) const ALL: [rdmamig_status; 19] = {
         use rdmamig_status::*;
         [
             RDMAMIG_OK,
@@ -74,6 +90,9 @@ impl rdmamig_status {
             RDMAMIG_ERR_ABORTED,
             RDMAMIG_ERR_STATE,
             RDMAMIG_ERR_BUFFER_TOO_SMALL,
+            RDMAMIG_END_COMPLETED,
+            RDMAMIG_END_UNVERIFIED,
+            RDMAMIG_ERR_CANCELLED,
         ]
     };
 
@@ -104,6 +123,11 @@ impl rdmamig_status {
             RDMAMIG_ERR_ABORTED => c"connection aborted by an earlier error",
             RDMAMIG_ERR_STATE => c"operation not valid in the current state",
             RDMAMIG_ERR_BUFFER_TOO_SMALL => c"output buffer too small",
+            RDMAMIG_END_COMPLETED => c"migration completed (acknowledged by the destination)",
+            RDMAMIG_END_UNVERIFIED => {
+                c"peer closed the connection without a completion handshake: the stream must prove completeness"
+            }
+            RDMAMIG_ERR_CANCELLED => c"cancelled",
         }
     }
 }
@@ -124,7 +148,25 @@ impl From<ErrorKind> for rdmamig_status {
             ErrorKind::BlockMismatch => RDMAMIG_ERR_BLOCK_MISMATCH,
             ErrorKind::Aborted => RDMAMIG_ERR_ABORTED,
             ErrorKind::State => RDMAMIG_ERR_STATE,
+            ErrorKind::Cancelled => RDMAMIG_ERR_CANCELLED,
         }
+    }
+}
+
+impl From<Ending> for rdmamig_status {
+    /// How `rdmamig_conn_get` and `rdmamig_conn_wait_end` report an ending.
+    fn from(ending: Ending) -> Self {
+        match ending {
+            Ending::Completed => rdmamig_status::RDMAMIG_END_COMPLETED,
+            Ending::Unverified => rdmamig_status::RDMAMIG_END_UNVERIFIED,
+        }
+    }
+}
+
+/// A body that succeeded returns `RDMAMIG_OK`.
+impl From<()> for rdmamig_status {
+    fn from(_: ()) -> Self {
+        rdmamig_status::RDMAMIG_OK
     }
 }
 
@@ -192,6 +234,7 @@ mod tests {
             BlockMismatch,
             Aborted,
             State,
+            Cancelled,
         ];
         let mut seen = std::collections::HashSet::new();
         for k in kinds {

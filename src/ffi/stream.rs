@@ -8,7 +8,7 @@ use super::conn::{rdmamig_conn, Conn};
 use super::handle::try_from_mut_ptr;
 use super::last_error::{bytes, bytes_mut, handle_mut, out_ref, record, set_last_error, Failure};
 use super::status::rdmamig_status;
-use crate::ErrorKind;
+use crate::engine::Read;
 
 /// The device-state stream of a connection as callbacks shaped like QEMU's
 /// `QEMUFileOps`, for a hypervisor whose migration code writes and reads
@@ -34,8 +34,10 @@ pub struct rdmamig_stream_ops {
     pub opaque: *mut c_void,
     /// Destination: reads up to `size` bytes of the stream into `buf`,
     /// waiting until at least one byte is there, and returns how many it
-    /// read; 0 at the end of the stream (the source closed the connection and
-    /// every byte was read); `-EIO` on failure.
+    /// read; 0 at the end of the stream (every byte was read and the
+    /// connection ended without failing: `rdmamig_conn_wait_end` then says
+    /// whether completed or unverified); `-EIO` on failure, including a
+    /// source that vanished or disconnected before completing the migration.
     pub get_buffer: Option<unsafe extern "C" fn(opaque: *mut c_void, buf: *mut u8, pos: i64, size: usize) -> ssize_t>,
     /// Source: appends `size` bytes at `buf` to the stream and returns `size`;
     /// `-EIO` on failure.
@@ -123,11 +125,11 @@ unsafe extern "C" fn stream_get_buffer(opaque: *mut c_void, buf: *mut u8, _pos: 
         let mut read = 0usize;
         let r = with_conn(opaque, F, |c| {
             let buf = bytes_mut(buf, size, F, "buf")?;
-            match c.destination(F)?.get(buf, None) {
-                Ok(n) => read = n,
-                Err(e) if e.kind == ErrorKind::Disconnected => read = 0, // end of stream
-                Err(e) => return Err(e.into()),
-            }
+            // Both endings that are not failures end the stream; a failure is -EIO.
+            read = match c.destination(F)?.get(buf, None)? {
+                Read::Bytes(n) => n,
+                Read::End(_) => 0,
+            };
             Ok(())
         });
         r.map_or_else(|e| e, |()| read as ssize_t)

@@ -421,6 +421,24 @@ impl CmId {
         self.check(rc, "rdma_set_option(TOS)")
     }
 
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout, 4.096 µs ×
+    /// 2^`exponent` (set before `resolve_route` on the active side, before
+    /// `accept` on the passive side).
+    pub fn set_ack_timeout(&self, exponent: u8) -> Result<()> {
+        let mut exponent = exponent;
+        // SAFETY: option value is a u8, as the kernel expects.
+        let rc = unsafe {
+            sys::rdma_set_option(
+                self.raw(),
+                sys::RDMA_OPTION_ID,
+                sys::RDMA_OPTION_ID_ACK_TIMEOUT,
+                ptr::addr_of_mut!(exponent).cast(),
+                1,
+            )
+        };
+        self.check(rc, "rdma_set_option(ACK_TIMEOUT)")
+    }
+
     pub fn bind_addr(&self, addr: &SocketAddr) -> Result<()> {
         let mut addr = to_sockaddr(addr);
         // SAFETY: valid id and sockaddr.

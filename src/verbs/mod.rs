@@ -135,10 +135,26 @@ fn strerror(errno: i32) -> String {
 }
 
 /// Resolve a host name or IPv4/IPv6 literal (brackets allowed) and a port
-/// to socket addresses, in resolver order.
-pub fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+/// to socket addresses, in resolver order, waiting at most `timeout`
+/// (`TimedOut` after it). A literal is parsed at once; a name is looked up
+/// by the system resolver on a helper thread, which cannot be interrupted and
+/// is left to finish on its own when the wait gives up.
+pub fn resolve(host: &str, port: u16, timeout: std::time::Duration) -> std::io::Result<Vec<SocketAddr>> {
     let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    Ok((host, port).to_socket_addrs()?.collect())
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_owned();
+    std::thread::Builder::new().name("rdmamig-resolve".into()).spawn(move || {
+        let _ = tx.send((name.as_str(), port).to_socket_addrs().map(|a| a.collect()));
+    })?;
+    rx.recv_timeout(timeout).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from the resolver within {timeout:?}"),
+        ))
+    })
 }
 
 /// A `SocketAddr` as a C `sockaddr_storage` (what rdma_cm's calls take).
@@ -278,10 +294,14 @@ mod tests {
 
     #[test]
     fn resolve_literals() {
-        assert_eq!(resolve("198.18.0.1", 5).unwrap(), vec![SocketAddr::from(([198, 18, 0, 1], 5))]);
-        assert_eq!(resolve("::1", 6).unwrap(), vec![SocketAddr::from((Ipv6Addr::LOCALHOST, 6))]);
-        assert_eq!(resolve("[::1]", 6).unwrap(), vec![SocketAddr::from((Ipv6Addr::LOCALHOST, 6))]);
-        assert!(!resolve("localhost", 7).unwrap().is_empty());
+        let t = std::time::Duration::from_secs(5);
+        // Literals need no resolver: they resolve even with no time at all.
+        let zero = std::time::Duration::ZERO;
+        assert_eq!(resolve("198.18.0.1", 5, zero).unwrap(), vec![SocketAddr::from(([198, 18, 0, 1], 5))]);
+        assert_eq!(resolve("::1", 6, zero).unwrap(), vec![SocketAddr::from((Ipv6Addr::LOCALHOST, 6))]);
+        assert_eq!(resolve("[::1]", 6, zero).unwrap(), vec![SocketAddr::from((Ipv6Addr::LOCALHOST, 6))]);
+        assert!(!resolve("localhost", 7, t).unwrap().is_empty());
+        assert!(resolve("no-such-host.invalid", 7, t).is_err());
     }
 
     #[test]

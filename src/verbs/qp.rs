@@ -113,7 +113,7 @@ impl QueuePair {
     /// The local buffer lies in a registered MR and stays valid (and, for
     /// sends, unmodified) until the work request completes.
     pub unsafe fn post_send(&self, wr_id: u64, sge: Sge, signaled: bool) -> Result<()> {
-        self.post(wr_id, sys::IBV_WR_SEND, sge, None, signaled)
+        self.post_wr(wr_id, sys::IBV_WR_SEND, Some(sge), None, signaled)
     }
 
     /// Posts an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`.
@@ -121,7 +121,17 @@ impl QueuePair {
     /// # Safety
     /// As for [`post_send`](Self::post_send).
     pub unsafe fn post_write(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
-        self.post(wr_id, sys::IBV_WR_RDMA_WRITE, sge, Some((remote_addr, rkey)), signaled)
+        self.post_wr(wr_id, sys::IBV_WR_RDMA_WRITE, Some(sge), Some((remote_addr, rkey)), signaled)
+    }
+
+    /// Posts a zero-length RDMA WRITE: it touches no memory on either side
+    /// (a zero-length operation carries no key that the responder checks,
+    /// IBA C9-88) and completes on the responder without a work completion,
+    /// so the peer's application never sees it; its completion here proves
+    /// that the peer's NIC acknowledged it.
+    pub fn post_zero_write(&self, wr_id: u64, signaled: bool) -> Result<()> {
+        // SAFETY: no scatter/gather entry, so no local memory is referenced.
+        unsafe { self.post_wr(wr_id, sys::IBV_WR_RDMA_WRITE, None, Some((0, 0)), signaled) }
     }
 
     /// Posts a receive buffer.
@@ -140,14 +150,24 @@ impl QueuePair {
         Ok(())
     }
 
+    /// One send work request with at most one scatter/gather entry.
     /// Errors: ENOMEM ([`VerbsError::is_queue_full`]) when the send queue is full.
-    unsafe fn post(&self, wr_id: u64, opcode: u32, sge: Sge, rdma: Option<(u64, u32)>, signaled: bool) -> Result<()> {
-        let mut sg = sys::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
+    unsafe fn post_wr(
+        &self,
+        wr_id: u64,
+        opcode: u32,
+        sge: Option<Sge>,
+        rdma: Option<(u64, u32)>,
+        signaled: bool,
+    ) -> Result<()> {
+        let mut sg = sge.map(|s| sys::ibv_sge { addr: s.addr, length: s.len, lkey: s.lkey });
         // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero ints).
         let mut wr: sys::ibv_send_wr = std::mem::zeroed();
         wr.wr_id = wr_id;
-        wr.sg_list = &mut sg;
-        wr.num_sge = 1;
+        if let Some(sg) = sg.as_mut() {
+            wr.sg_list = sg;
+            wr.num_sge = 1;
+        }
         wr.opcode = opcode;
         wr.send_flags = if signaled { sys::IBV_SEND_SIGNALED } else { 0 };
         if let Some((remote_addr, rkey)) = rdma {

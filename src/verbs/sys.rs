@@ -343,6 +343,7 @@ pub const RDMA_PS_TCP: c_uint = 0x0106;
 pub const RDMA_OPTION_ID: c_int = 0;
 pub const RDMA_OPTION_ID_TOS: c_int = 0;
 pub const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
 
 extern "C" {
     pub fn rdma_create_event_channel() -> *mut rdma_event_channel;

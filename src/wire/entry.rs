@@ -251,3 +251,29 @@ impl Entry for BlockSpec {
         Self::validate(&self.name)
     }
 }
+
+/// The payload of END (rdmamig extension, 16 bytes): what the source sent in
+/// the whole migration, so that the destination can check it received all of
+/// it before acknowledging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct EndSummary {
+    /// Device-state stream bytes (the QEMU_FILE payloads, added up).
+    pub stream_bytes: u64,
+    /// Iteration windows closed (REGISTER_FINISHED messages).
+    pub windows: u64,
+}
+
+impl Entry for EndSummary {
+    const SIZE: usize = 16;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put64(out, 0, self.stream_bytes);
+        put64(out, 8, self.windows);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("EndSummary entry", Self::SIZE, b)?;
+        Ok(EndSummary { stream_bytes: be64(b, 0), windows: be64(b, 8) })
+    }
+}

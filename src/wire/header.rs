@@ -69,6 +69,14 @@ pub enum CommandType {
     RegisterFinished = 9,
     UnregisterRequest = 10,
     UnregisterFinished = 11,
+    /// rdmamig extension (only between peers that negotiated `CAP_RDMAMIG_EXT`):
+    /// the source's last message, after its last window and its last stream
+    /// byte; carries one [`EndSummary`](super::EndSummary). The high bit keeps
+    /// the value clear of any command QEMU may add.
+    End = 0x8000_0001,
+    /// rdmamig extension: the destination's response to END: it received
+    /// everything END counts. Empty.
+    EndAck = 0x8000_0002,
 }
 
 impl CommandType {
@@ -81,7 +89,8 @@ impl CommandType {
 impl TryFrom<u32> for CommandType {
     type Error = DecodeError;
 
-    /// Maps 0..=11 to the command; anything else is [`DecodeError::UnknownType`].
+    /// Maps 0..=11 and the two extension values to the command; anything else
+    /// is [`DecodeError::UnknownType`].
     fn try_from(v: u32) -> Result<Self, DecodeError> {
         use CommandType::*;
         Ok(match v {
@@ -97,6 +106,8 @@ impl TryFrom<u32> for CommandType {
             9 => RegisterFinished,
             10 => UnregisterRequest,
             11 => UnregisterFinished,
+            0x8000_0001 => End,
+            0x8000_0002 => EndAck,
             other => return Err(DecodeError::UnknownType(other)),
         })
     }

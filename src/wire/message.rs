@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use super::entry::{BlockSpec, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
+use super::entry::{BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
 use super::{CONTROL_HEADER_LEN, MAX_PAYLOAD, MAX_REPEAT};
@@ -99,12 +99,13 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 ///
 /// | type | rule |
 /// |---|---|
-/// | ERROR, READY, REGISTER_FINISHED, UNREGISTER_FINISHED | `len == 0` (any repeat) |
+/// | ERROR, READY, REGISTER_FINISHED, UNREGISTER_FINISHED, END_ACK | `len == 0` (any repeat) |
 /// | QEMU_FILE | any `len`, including 0 |
 /// | RAM_BLOCKS_REQUEST | `len == 0`, or `len == repeat × 256` (block-spec extension) |
 /// | RAM_BLOCKS_RESULT | `len % 32 == 0` (QEMU sends repeat 1 for n entries) |
 /// | REGISTER_REQUEST, UNREGISTER_REQUEST, COMPRESS | `repeat ≥ 1`, `len == repeat × 24` |
 /// | REGISTER_RESULT | `repeat ≥ 1`, `len == repeat × 16` |
+/// | END (extension) | `repeat == 1`, `len == 16` (one [`EndSummary`]) |
 ///
 /// Entry contents (e.g. COMPRESS value ≠ 0) are checked by [`Message::entries`].
 pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
@@ -127,7 +128,7 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
     use CommandType as T;
     match kind {
         T::None => return Err(DecodeError::NoneType),
-        T::Error | T::Ready | T::RegisterFinished | T::UnregisterFinished => empty(kind, len)?,
+        T::Error | T::Ready | T::RegisterFinished | T::UnregisterFinished | T::EndAck => empty(kind, len)?,
         T::QemuFile => {}
         T::RamBlocksRequest => {
             if len != 0 {
@@ -142,6 +143,12 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
         T::RegisterRequest | T::UnregisterRequest => exact_entries(kind, len, repeat, RegisterRequest::SIZE)?,
         T::Compress => exact_entries(kind, len, repeat, Compress::SIZE)?,
         T::RegisterResult => exact_entries(kind, len, repeat, RegisterResult::SIZE)?,
+        T::End => {
+            exact_entries(kind, len, repeat, EndSummary::SIZE)?;
+            if repeat != 1 {
+                return Err(DecodeError::PayloadSizeMismatch { kind, len, repeat, entry_size: EndSummary::SIZE });
+            }
+        }
     }
     Ok(Message { kind, repeat, payload })
 }

@@ -12,9 +12,11 @@
 //! * [`MessageWriter`]: builds a message in a send buffer.
 //!
 //! Layouts follow the protocol fact sheet (`qemu-rdma-protocol.md` §1.4, §2, §3).
-//! The one rdmamig extension is [`BlockSpec`] entries in RAM_BLOCKS_REQUEST
-//! (len = repeat × 256; each entry: block length as a big-endian u64, then the
-//! NUL-padded name), which QEMU never sends and a QEMU destination would ignore.
+//! rdmamig's extensions, used only between peers that negotiated
+//! [`CAP_RDMAMIG_EXT`]: [`BlockSpec`] entries in RAM_BLOCKS_REQUEST (len =
+//! repeat × 256; each entry: block length as a big-endian u64, then the
+//! NUL-padded name), and the completion handshake END ([`EndSummary`]) /
+//! END_ACK (types 0x80000001 and 0x80000002).
 
 mod entry;
 mod error;
@@ -24,7 +26,7 @@ mod message;
 #[cfg(test)]
 mod tests;
 
-pub use entry::{BlockSpec, Compress, DestBlock, Entry, RegisterRequest, RegisterResult};
+pub use entry::{BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
 pub use error::{DecodeError, EncodeError};
 pub use header::{decode_header, encode_header, Capabilities, CommandType, ControlHeader};
 pub use message::{decode_message, Entries, Message, MessageWriter};

@@ -66,6 +66,32 @@ fn command_type_numbers() {
     }
     assert_eq!(CommandType::try_from(12), Err(DecodeError::UnknownType(12)));
     assert_eq!(CommandType::try_from(u32::MAX), Err(DecodeError::UnknownType(u32::MAX)));
+    // The extension commands sit above QEMU's range, with the capability's bit.
+    assert_eq!(CommandType::try_from(0x8000_0001), Ok(CommandType::End));
+    assert_eq!(CommandType::try_from(0x8000_0002), Ok(CommandType::EndAck));
+    assert_eq!(CommandType::try_from(0x8000_0000), Err(DecodeError::UnknownType(0x8000_0000)));
+    assert_eq!(CommandType::try_from(0x8000_0003), Err(DecodeError::UnknownType(0x8000_0003)));
+}
+
+#[test]
+fn end_messages() {
+    let summary = EndSummary { stream_bytes: 0x0102_0304_0506_0708, windows: 42 };
+    let mut buf = vec![0u8; 64];
+    let mut w = MessageWriter::new(&mut buf, CommandType::End);
+    w.push(&summary).unwrap();
+    let n = w.finish();
+    assert_eq!(n, 32);
+    assert_eq!(&buf[..16], &[0, 0, 0, 16, 0x80, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0]);
+    assert_eq!(&buf[16..32], &[1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 42]);
+    let m = decode_message(&buf[..n]).unwrap();
+    assert_eq!(m.collect_entries::<EndSummary>().unwrap(), vec![summary]);
+    // END carries exactly one summary.
+    assert!(decode_message(&msg(CommandType::End, 1, &[])).is_err());
+    assert!(decode_message(&msg(CommandType::End, 2, &[0; 32])).is_err());
+    assert!(decode_message(&msg(CommandType::End, 1, &[0; 17])).is_err());
+    // END_ACK is empty.
+    assert!(decode_message(&msg(CommandType::EndAck, 1, &[])).is_ok());
+    assert!(decode_message(&msg(CommandType::EndAck, 1, &[0])).is_err());
 }
 
 // ---- decode_message: one test per validation error ----
@@ -629,7 +655,9 @@ fn check_any(b: &[u8]) {
             }
             CommandType::RegisterResult => assert_eq!(n_rs, m.repeat as usize),
             CommandType::RamBlocksResult => assert_eq!(n_db * 32, m.payload.len()),
-            CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(n_bs, m.repeat as usize),
+            CommandType::RamBlocksRequest if !m.payload.is_empty() => {
+                assert_eq!(n_bs, m.repeat as usize)
+            }
             _ => {}
         }
     }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use rdmamig::{Config, Destination, ErrorKind, RamBlocks};
+use rdmamig::{Config, Destination, Ending, RamBlocks, Read};
 
 use crate::migration::{listen, rdma_ip, GuestRam, Rng, PAGE};
 
@@ -240,14 +240,14 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     // The device-state stream, read until the source leaves.
     let reader = {
         let dest = dest.clone();
-        thread::spawn(move || {
+        thread::spawn(move || -> rdmamig::Result<(Vec<u8>, Ending)> {
             let mut stream = Vec::new();
             let mut buf = vec![0u8; 64 * 1024];
             loop {
-                match dest.get(&mut buf, Some(MIGRATION_TIMEOUT)) {
-                    Ok(n) => stream.extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind == ErrorKind::Disconnected => return Ok(stream),
-                    Err(e) => return Err(e),
+                match dest.get(&mut buf, Some(MIGRATION_TIMEOUT))? {
+                    Read::Bytes(n) => stream.extend_from_slice(&buf[..n]),
+                    // QEMU has no completion handshake: its stream must prove itself.
+                    Read::End(ending) => return Ok((stream, ending)),
                 }
             }
         })
@@ -277,8 +277,10 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
         thread::sleep(Duration::from_millis(100));
     };
     let completed = start.elapsed();
-    let stream =
+    let (stream, ending) =
         reader.join().unwrap().unwrap_or_else(|e| panic!("reading the stream: {e} (stats {:?})", dest.stats()));
+    assert_eq!(ending, Ending::Unverified, "a QEMU source's clean end is closed-without-proof");
+    assert_eq!(dest.wait_end(Some(Duration::ZERO)).unwrap(), Ending::Unverified);
     let drained = start.elapsed();
     let stats = dest.stats();
     eprintln!(
@@ -289,8 +291,10 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     );
     assert!(dest.error().is_none(), "destination failed: {:?}", dest.error());
 
-    // The stream is QEMU's ordinary migration stream: "QEVM", version 3.
+    // The stream is QEMU's ordinary migration stream: "QEVM", version 3, and
+    // it proves itself whole by its end: QEMU_VM_EOF, then the VM description.
     assert!(!stream.is_empty(), "no stream bytes");
+    assert!(ends_with_vm_eof(&stream), "the stream does not end in QEMU_VM_EOF + VM description");
     assert_eq!(stream.len() as u64, stats.stream_bytes);
     assert_eq!(&stream[..8], &[0x51, 0x45, 0x56, 0x4d, 0, 0, 0, 3], "stream header");
 
@@ -333,6 +337,16 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     // The connection is gone (the source left); closing frees everything.
     dest.close();
     assert_eq!(dest.stats().pinned_bytes, 0);
+}
+
+/// Whether a QEMU 7.2 stream ends as a whole one does: QEMU_VM_EOF (0x00),
+/// then QEMU_VM_VMDESCRIPTION (0x06), a big-endian u32 length and that many
+/// bytes of JSON, up to the last byte.
+fn ends_with_vm_eof(stream: &[u8]) -> bool {
+    (0..stream.len().saturating_sub(6)).rev().any(|p| {
+        let len = u32::from_be_bytes(stream[p + 2..p + 6].try_into().unwrap()) as usize;
+        stream[p..p + 2] == [0x00, 0x06] && stream.get(p + 6) == Some(&b'{') && p + 6 + len == stream.len()
+    })
 }
 
 #[test]
