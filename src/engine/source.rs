@@ -103,8 +103,9 @@ impl Shared {
 
 /// The source end of a migration connection.
 ///
-/// Thread safety: `save` may be called from several threads at once; the other
-/// methods take `&mut self` and so from one thread at a time.
+/// Thread safety: `save` may be called from several threads at once, and
+/// alongside `iteration_end`; the other methods take `&mut self` and so run
+/// from one thread at a time.
 pub struct Source {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -186,8 +187,9 @@ impl Source {
     }
 
     /// Closes the window: waits until every write of it has completed, then
-    /// tells the destination (REGISTER_FINISHED).
-    pub fn iteration_end(&mut self) -> Result<()> {
+    /// tells the destination (REGISTER_FINISHED). May race `save` calls from
+    /// other threads: each is queued before REGISTER_FINISHED or refused.
+    pub fn iteration_end(&self) -> Result<()> {
         // Waits for saves still queueing; later ones see the window closed.
         if !std::mem::replace(&mut *self.in_window.write(), false) {
             return Err(Error::new(ErrorKind::State, "no iteration window is open"));

@@ -364,14 +364,18 @@ pub extern "C" fn rdmamig_conn_save(conn: *const rdmamig_conn, block: u32, offse
 /// has completed, then tells the destination (REGISTER_FINISHED), whose
 /// `rdmamig_conn_wait_iteration` then counts it.
 ///
-/// Thread safety: needs exclusive use of `conn` (every `rdmamig_conn_save`
-/// of the window must have returned).
+/// Thread safety: needs exclusive use of `conn`, except that
+/// `rdmamig_conn_save` calls of the window may still be running in other
+/// threads (and any of the `const` calls): each such save is either queued
+/// before the window ends, and so written before REGISTER_FINISHED, or
+/// returns `RDMAMIG_ERR_STATE`. The handle is only read here, although the
+/// pointer is not `const` (for ABI stability).
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_iteration_end(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_iteration_end";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| Ok(c.source_mut(F)?.iteration_end()?))
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| Ok(c.source(F)?.iteration_end()?))
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use rdmamig::{Config, Destination, Ending, RamBlocks, Read};
+use rdmamig::{Config, Destination, Ending, ErrorKind, RamBlocks, Read};
 
 use crate::migration::{listen, rdma_ip, GuestRam, Rng, PAGE};
 
@@ -186,56 +186,79 @@ fn bios_image(len: u64) -> Option<Vec<u8>> {
         .find(|b| b.len() as u64 == len)
 }
 
+/// A real QEMU source migrating (paused, the pattern loaded) into an rdmamig
+/// destination. Fields drop in order: the destination stops before QEMU goes
+/// and before the RAM it writes is unmapped.
+struct Migration {
+    _closer: Closer,
+    dest: Arc<Destination>,
+    qmp: Qmp,
+    qemu: Qemu,
+    ram: Vec<GuestRam>,
+    /// QEMU's RAM blocks: (name, offset, used length), in migration order.
+    blocks: Vec<(String, u64, u64)>,
+    pattern: Vec<u8>,
+    start: Instant,
+    connected: Duration,
+    _dir: TempDir,
+}
+
+impl Migration {
+    /// Starts QEMU, accepts its connection after `migrate` and returns at once.
+    fn start(tag: &str, pin_all: bool) -> Migration {
+        let dir = TempDir::new(tag);
+        let pattern = pattern();
+        let pattern_file = dir.0.join("pattern.bin");
+        fs::write(&pattern_file, &pattern).unwrap();
+
+        let mut qemu = Qemu::start(&dir.0, &pattern_file);
+        let mut qmp = Qmp::connect(&dir.0.join("src.qmp"), &mut qemu);
+        let caps: Vec<String> = qmp
+            .cmd("query-migrate-capabilities", json!({}))
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["capability"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(caps.iter().any(|c| c == "rdma-pin-all"), "QEMU has no rdma-pin-all capability: {caps:?}");
+        if pin_all {
+            qmp.cmd(
+                "migrate-set-capabilities",
+                json!({ "capabilities": [{ "capability": "rdma-pin-all", "state": true }] }),
+            );
+        }
+        // The default 32 MiB/s limit would only make the test slower.
+        qmp.cmd("migrate-set-parameters", json!({ "max-bandwidth": 1u64 << 34 }));
+
+        // The destination's blocks, in the source's order, full of garbage.
+        let blocks = parse_ramblocks(&qmp.hmp("info ramblock"));
+        eprintln!("source RAM blocks (migration order): {blocks:x?}");
+        assert_eq!(blocks.first().map(|b| b.0.as_str()), Some("pc.ram"), "QEMU lists its largest block first");
+        let ram: Vec<GuestRam> = blocks.iter().map(|b| GuestRam::new(b.2, 0xAA)).collect();
+        let mut registry = RamBlocks::new();
+        for ((name, offset, len), mem) in blocks.iter().zip(&ram) {
+            // SAFETY: `ram` outlives the destination: the Closer stops it first, even on a panic.
+            unsafe { registry.add(name, mem.ptr(), *offset, *len).unwrap() };
+        }
+
+        let config = Config { pin_all, ..Config::default() };
+        let (listener, port) = listen(&config);
+        let accept = thread::spawn(move || Destination::accept(&listener, &registry, Some(Duration::from_secs(60))));
+        let uri = format!("rdma:{}:{port}", rdma_ip());
+        let start = Instant::now();
+        qmp.cmd("migrate", json!({ "uri": uri }));
+        let dest = Arc::new(accept.join().unwrap().expect("accepting QEMU's connection"));
+        let connected = start.elapsed();
+        assert_eq!(dest.negotiated().pin_all, pin_all, "{:?}", dest.negotiated());
+        assert!(!dest.negotiated().extensions, "QEMU offers no rdmamig extensions: {:?}", dest.negotiated());
+        Migration { _closer: Closer(dest.clone()), dest, qmp, qemu, ram, blocks, pattern, start, connected, _dir: dir }
+    }
+}
+
 fn qemu_source_to_rdmamig(pin_all: bool) {
     let tag = if pin_all { "pin-all" } else { "dynamic" };
-    let dir = TempDir::new(tag);
-    let pattern = pattern();
-    let pattern_file = dir.0.join("pattern.bin");
-    fs::write(&pattern_file, &pattern).unwrap();
-
-    // Declared before the QEMU guard, so QEMU is gone before this memory is unmapped.
-    let mut ram: Vec<GuestRam> = Vec::new();
-    let mut qemu = Qemu::start(&dir.0, &pattern_file);
-    let mut qmp = Qmp::connect(&dir.0.join("src.qmp"), &mut qemu);
-    let caps: Vec<String> = qmp
-        .cmd("query-migrate-capabilities", json!({}))
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["capability"].as_str().unwrap().to_owned())
-        .collect();
-    assert!(caps.iter().any(|c| c == "rdma-pin-all"), "QEMU has no rdma-pin-all capability: {caps:?}");
-    if pin_all {
-        qmp.cmd(
-            "migrate-set-capabilities",
-            json!({ "capabilities": [{ "capability": "rdma-pin-all", "state": true }] }),
-        );
-    }
-    // The default 32 MiB/s limit would only make the test slower.
-    qmp.cmd("migrate-set-parameters", json!({ "max-bandwidth": 1u64 << 34 }));
-
-    // The destination's blocks, in the source's order, full of garbage.
-    let blocks = parse_ramblocks(&qmp.hmp("info ramblock"));
-    eprintln!("source RAM blocks (migration order): {blocks:x?}");
-    assert_eq!(blocks.first().map(|b| b.0.as_str()), Some("pc.ram"), "QEMU lists its largest block first");
-    ram.extend(blocks.iter().map(|b| GuestRam::new(b.2, 0xAA)));
-    let mut registry = RamBlocks::new();
-    for ((name, offset, len), mem) in blocks.iter().zip(&ram) {
-        // SAFETY: `ram` outlives the destination: the Closer below stops it first, even on a panic.
-        unsafe { registry.add(name, mem.ptr(), *offset, *len).unwrap() };
-    }
-
-    let config = Config { pin_all, ..Config::default() };
-    let (listener, port) = listen(&config);
-    let accept = thread::spawn(move || Destination::accept(&listener, &registry, Some(Duration::from_secs(60))));
-    let uri = format!("rdma:{}:{port}", rdma_ip());
-    let start = Instant::now();
-    qmp.cmd("migrate", json!({ "uri": uri }));
-    let dest = Arc::new(accept.join().unwrap().expect("accepting QEMU's connection"));
-    let _closer = Closer(dest.clone());
-    let connected = start.elapsed();
-    assert_eq!(dest.negotiated().pin_all, pin_all, "{:?}", dest.negotiated());
-    assert!(!dest.negotiated().extensions, "QEMU offers no rdmamig extensions: {:?}", dest.negotiated());
+    let mut m = Migration::start(tag, pin_all);
+    let Migration { ref dest, ref mut qmp, ref ram, ref blocks, ref pattern, start, connected, .. } = m;
 
     // The device-state stream, read until the source leaves.
     let reader = {
@@ -308,7 +331,7 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     if let Some(i) = (0..pc.len()).find(|&i| outside(i) && pc[i] != 0) {
         panic!("pc.ram byte {i:#x} is {:#x}, not zero", pc[i]);
     }
-    for ((name, _, len), mem) in blocks.iter().zip(&ram) {
+    for ((name, _, len), mem) in blocks.iter().zip(ram) {
         let garbage = mem.bytes().chunks(PAGE as usize).position(|p| p.iter().all(|&b| b == 0xAA));
         assert!(garbage.is_none(), "block {name} ({len:#x} bytes): page {:?} was never written", garbage);
     }
@@ -357,4 +380,35 @@ fn qemu_source_dynamic_registration() {
 #[test]
 fn qemu_source_pin_all() {
     qemu_source_to_rdmamig(true);
+}
+
+/// QEMU (dynamic registration) SIGKILLed while it registers chunks inside a
+/// window: the destination reports a failure within 5 s, from `wait_end` and
+/// from `get` alike, never an end of stream.
+#[test]
+fn qemu_source_killed_inside_a_window_is_a_failure() {
+    let mut m = Migration::start("killed", false);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // REGISTER requests open a window; the pattern alone needs 24 chunks.
+    while m.dest.stats().chunks_registered < 8 {
+        assert!(Instant::now() < deadline, "QEMU registered no chunks: {:?}", m.dest.stats());
+        thread::sleep(Duration::from_millis(1));
+    }
+    m.qemu.child.kill().unwrap();
+    let killed = Instant::now();
+    let stats = m.dest.stats();
+    let err = m.dest.wait_end(Some(Duration::from_secs(10))).expect_err("a killed source must not end cleanly");
+    let detected = killed.elapsed();
+    eprintln!("QEMU killed after {:?} ({stats:?}): {err} after {detected:?}", m.start.elapsed());
+    assert!(detected < Duration::from_secs(5), "{detected:?}");
+    assert_eq!(err.kind, ErrorKind::Disconnected, "{err}");
+    assert!(err.message.contains("inside an iteration window"), "{err}");
+    let mut buf = vec![0u8; 64 * 1024];
+    let end = loop {
+        match m.dest.get(&mut buf, Some(Duration::from_secs(5))) {
+            Ok(Read::Bytes(_)) => continue,
+            other => break other,
+        }
+    };
+    assert_eq!(end.map_err(|e| e.kind), Err(ErrorKind::Disconnected), "get must fail, not end the stream");
 }

@@ -1,0 +1,135 @@
+//! Setting up and tearing down without a peer: cancelling an accept, names
+//! that do not resolve, addresses that never answer, and saves racing the end
+//! of their window.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdmamig::{Config, Destination, ErrorKind, Listener, RamBlocks, Source};
+
+use crate::migration::{connect, listen, GuestRam, Layout, PAGE};
+
+const MIB: u64 = 1 << 20;
+
+fn one_block(ram: &GuestRam, len: u64) -> RamBlocks {
+    let mut r = RamBlocks::new();
+    unsafe { r.add("pc.ram", ram.ptr(), 0, len).unwrap() };
+    r
+}
+
+#[test]
+fn accept_without_timeout_is_cancelled_from_another_thread() {
+    let (listener, _) = listen(&Config::default());
+    let listener = Arc::new(listener);
+    let ram = GuestRam::new(MIB, 0);
+    let registry = one_block(&ram, MIB);
+    let accept = {
+        let (listener, registry) = (listener.clone(), registry.clone());
+        thread::spawn(move || Destination::accept(&listener, &registry, None).err().map(|e| (e, Instant::now())))
+    };
+    thread::sleep(Duration::from_millis(300));
+    let cancelled = Instant::now();
+    listener.cancel();
+    let (err, returned) = accept.join().unwrap().expect("accept must fail once cancelled");
+    let took = returned.duration_since(cancelled);
+    eprintln!("accept returned {took:?} after the cancel: {err}");
+    assert_eq!(err.kind, ErrorKind::Cancelled, "{err}");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Later accepts fail at once.
+    let err = Destination::accept(&listener, &registry, Some(Duration::from_secs(10))).err().unwrap();
+    assert_eq!(err.kind, ErrorKind::Cancelled, "{err}");
+}
+
+/// `Source::connect` to `host` fails within the config's timeout plus a margin.
+fn connect_fails_in_time(host: &str) -> rdmamig::Error {
+    let config = Config { timeout: Duration::from_secs(2), ..Config::default() };
+    let ram = GuestRam::new(MIB, 0);
+    let start = Instant::now();
+    let err = Source::connect(host, 4444, &config, &one_block(&ram, MIB)).err().expect("connect must fail");
+    let took = start.elapsed();
+    eprintln!("connect to {host}: {err} after {took:?}");
+    assert!(took < config.timeout + Duration::from_millis(1500), "{took:?}");
+    err
+}
+
+#[test]
+fn connecting_to_a_name_that_does_not_resolve_fails_within_the_timeout() {
+    let err = connect_fails_in_time("no-such-host.invalid");
+    assert!(matches!(err.kind, ErrorKind::Connect | ErrorKind::Timeout), "{err}");
+    assert!(err.message.contains("no-such-host.invalid"), "{err}");
+}
+
+#[test]
+fn connecting_to_an_address_that_never_answers_fails_within_the_timeout() {
+    // On the RDMA netdev's subnet, but nobody has it: address resolution never completes.
+    let err = connect_fails_in_time("198.18.0.77");
+    assert!(matches!(err.kind, ErrorKind::Connect | ErrorKind::Timeout), "{err}");
+}
+
+#[test]
+fn listener_on_a_name_that_does_not_resolve_fails() {
+    let config = Config { timeout: Duration::from_secs(2), ..Config::default() };
+    let start = Instant::now();
+    let err = Listener::bind("no-such-host.invalid", 0, &config).err().expect("bind must fail");
+    assert!(matches!(err.kind, ErrorKind::Connect | ErrorKind::Timeout), "{err}");
+    assert!(start.elapsed() < config.timeout + Duration::from_millis(1500));
+}
+
+/// Threads keep saving while another ends the window: every save either
+/// fails with `State` or its page is in place when the destination counts the
+/// window complete; none is queued after the window's end.
+#[test]
+fn saves_racing_iteration_end_land_inside_the_window_or_fail() {
+    let layout = Layout { blocks: vec![("pc.ram", 16 * MIB, vec![])] };
+    let src_ram = layout.source_ram(21);
+    let dst_ram = layout.dest_ram();
+    let config = Config::default();
+    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    let pages = 16 * MIB / PAGE;
+    let (mut accepted, mut refused) = (0, 0);
+    for round in 1..=4u64 {
+        source.iteration_begin().unwrap();
+        let saving = AtomicBool::new(false);
+        let (source, saving) = (&source, &saving);
+        let saved: Vec<u64> = thread::scope(|s| {
+            let workers: Vec<_> = (0..3u64)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut ok = Vec::new();
+                        for i in 0.. {
+                            let page = (t * pages / 3 + i * 5 + round) % pages;
+                            match source.save(0, page * PAGE, PAGE) {
+                                Ok(()) => ok.push(page),
+                                Err(e) => {
+                                    assert_eq!(e.kind, ErrorKind::State, "{e}");
+                                    return ok;
+                                }
+                            }
+                            saving.store(true, Ordering::Relaxed);
+                        }
+                        ok
+                    })
+                })
+                .collect();
+            while !saving.load(Ordering::Relaxed) {
+                thread::yield_now();
+            }
+            thread::sleep(Duration::from_millis(10 * round));
+            source.iteration_end().unwrap();
+            refused += 3;
+            workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        });
+        assert_eq!(dest.wait_iteration(round, Some(Duration::from_secs(30))).unwrap(), round);
+        // Checked at once: a write queued after the window's end could still be on its way.
+        let (s, d) = (src_ram[0].bytes(), dst_ram[0].bytes());
+        for &page in &saved {
+            let r = (page * PAGE) as usize..((page + 1) * PAGE) as usize;
+            assert!(s[r.clone()] == d[r], "round {round}: page {page} was saved but is not in place");
+        }
+        accepted += saved.len();
+    }
+    eprintln!("{accepted} saves landed inside their windows, {refused} were refused after the end");
+    drop(source);
+}
