@@ -319,12 +319,7 @@ impl Link {
     /// Takes one batch of completions; when there is none, sleeps until the CQ
     /// fires or the event poll interval passes, and checks connection events.
     fn progress(&mut self, what: &str, deadline: Option<Instant>) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 16];
-        let n = self.cq.poll(&mut wcs)?;
-        for wc in &wcs[..n] {
-            self.complete(wc)?;
-        }
-        if n > 0 {
+        if self.reap()? > 0 {
             return Ok(());
         }
         if !self.aborting && self.stop.load(Ordering::Relaxed) {
@@ -345,6 +340,25 @@ impl Link {
         }
         self.cq.wait(wait)?;
         Ok(())
+    }
+
+    /// Takes one batch of completions without waiting; returns how many.
+    fn reap(&mut self) -> Result<usize> {
+        let mut wcs = [WorkCompletion::default(); 16];
+        let n = self.cq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            self.complete(wc)?;
+        }
+        Ok(n)
+    }
+
+    /// What a wait does on each pass, for a caller that is not waiting (the
+    /// source's idle engine): takes completions, looks at connection events,
+    /// and probes the peer's liveness.
+    pub fn tend(&mut self) -> Result<()> {
+        self.reap()?;
+        self.check_events()?;
+        self.keepalive()
     }
 
     fn complete(&mut self, wc: &WorkCompletion) -> Result<()> {
@@ -386,7 +400,7 @@ impl Link {
     }
 
     /// Fails if the connection is gone (disconnect or device removal events).
-    pub fn check_events(&mut self) -> Result<()> {
+    fn check_events(&mut self) -> Result<()> {
         while let Some(event) = self.id.channel().get_event(Some(Duration::ZERO))? {
             let kind = event.kind();
             if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
@@ -408,7 +422,7 @@ impl Link {
     /// the peer for a third of the liveness time, and fails when one stays
     /// unacknowledged for two thirds of it. The peer's NIC answers it without
     /// its software seeing anything, so this works against a QEMU peer too.
-    pub fn keepalive(&mut self) -> Result<()> {
+    fn keepalive(&mut self) -> Result<()> {
         let Some(liveness) = self.liveness else {
             return Ok(());
         };

@@ -421,8 +421,7 @@ impl Engine {
                         return Ok(());
                     }
                     thread::park_timeout(std::time::Duration::from_millis(100));
-                    self.link.check_events()?;
-                    self.link.keepalive()?;
+                    self.link.tend()?;
                 }
             }
         }

@@ -133,3 +133,27 @@ fn saves_racing_iteration_end_land_inside_the_window_or_fail() {
     eprintln!("{accepted} saves landed inside their windows, {refused} were refused after the end");
     drop(source);
 }
+
+/// A connection left idle for many liveness periods stays up: each side's
+/// zero-length RDMA WRITE probes are answered by the peer's NIC (and touch
+/// no memory); the migration then completes.
+#[test]
+fn idle_connection_survives_its_liveness_probes() {
+    let layout = Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] };
+    let src_ram = layout.source_ram(31);
+    let dst_ram = layout.dest_ram();
+    let config = Config { liveness: Some(Duration::from_millis(600)), ..Config::default() };
+    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, 4 * MIB).unwrap();
+    source.iteration_end().unwrap();
+    // About 10 probe periods with nothing else on the wire, each side waiting
+    // (the destination for the next message, the source's engine idle).
+    thread::sleep(Duration::from_secs(2));
+    assert!(source.error().is_none(), "{:?}", source.error());
+    assert!(dest.error().is_none(), "{:?}", dest.error());
+    source.put(b"after the idle time").unwrap();
+    assert_eq!(source.close().unwrap(), rdmamig::Ending::Completed);
+    assert_eq!(dest.wait_end(Some(Duration::from_secs(10))).unwrap(), rdmamig::Ending::Completed);
+    assert!(src_ram[0].bytes() == dst_ram[0].bytes());
+}
