@@ -559,8 +559,10 @@ impl Link {
     /// Receiver side: grant one credit (READY) and wait, without a deadline,
     /// for the next message; `f` sees it before the slot is posted again.
     pub fn receive<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
-        self.send(CommandType::Ready, |_| Ok(()))?;
+        // Granted before the SEND: the peer may use the credit (and its message
+        // clear the flag) while this side still waits for the SEND's completion.
         self.ready_granted = true;
+        self.send(CommandType::Ready, |_| Ok(()))?;
         self.wait_until("a control message from the peer", None, |l| l.received[INCOMING].is_some())?;
         let r = self.take(INCOMING, None, f)?;
         self.post_recv(INCOMING)?;

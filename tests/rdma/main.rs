@@ -10,6 +10,8 @@
 //! `RXE_VM_DEV` (device name, default rxe0).
 
 mod abort;
+mod hostile;
 mod migration;
 mod qemu;
+mod setup;
 mod smoke;
