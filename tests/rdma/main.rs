@@ -11,6 +11,7 @@
 
 mod abort;
 mod hostile;
+mod killpoints;
 mod migration;
 mod qemu;
 mod setup;
