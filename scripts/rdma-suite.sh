@@ -9,8 +9,19 @@
 #   3. c:rdma_test_*           each executable target/c-tests/rdma_test_*
 #                              (built by the Makefile beforehand; none: skipped)
 #
+# then, after that guest, one rxe-vm.sh --pair boot (two guests on a virtual
+# wire) per two-guest test: the #[ignore]d `liveness::pair_*` tests of the same
+# binary (tests/rdma/liveness.rs: a guest takes its link down), run in both
+# guests, each step PASS when both guests pass:
+#
+#   4. rust:liveness-pair:NAME     NAME without "liveness::pair_"; one boot each
+#                                  because a connection that failed on a downed
+#                                  link keeps the next one between the same two
+#                                  guests from connecting (rxe, ~20 s per boot)
+#
 #   scripts/rdma-suite.sh [ARGS...]   ARGS go to the Rust test binary
-#                                     (a test name filter, --nocapture, ...)
+#                                     (a test name filter, --nocapture, ...);
+#                                     pair tests run when they match the filter
 #
 # Prints "rdma-suite: PASS <step>" or "rdma-suite: FAIL <step> (...)" for each
 # step and, last, "rdma-suite: N passed, M failed".  Exit status: 0 if all
@@ -55,6 +66,10 @@ if cargo test --release --features rdma-tests --test rdma --no-run --message-for
                  | .executable' "$json" | tail -1)
     if [ -n "$bin" ]; then
         add_step rust:rdma "$bin" --test-threads=1 "$@"
+        # The two-guest tests ARGS select (libtest lists what a filter matches).
+        pair_tests=$("$bin" --list --ignored --format terse "$@" 2>/dev/null |
+                     sed -n 's/^\(liveness::pair_[A-Za-z0-9_]*\): test$/\1/p')
+        for t in $pair_tests; do STEPS+=("rust:liveness-pair:${t#liveness::pair_}"); done
     else
         host_fail rust:rdma "cargo built no test executable for target rdma"
     fi
@@ -94,6 +109,29 @@ step() {
 ! grep -q "^FAIL" "$RDMA_SUITE_DIR/results"'
 vm_rc=$?
 
+# Two-guest tests: one --pair boot each, both guests run the same test (the
+# test picks its role from RXE_VM_GUEST).  Results come from rxe-vm.sh's exit
+# status (0 when both guests passed), not from files.
+pair_rc=0
+for t in ${pair_tests:-}; do
+    name=rust:liveness-pair:${t#liveness::pair_}
+    cmd=$(printf '%q ' timeout -k 10 "$RDMA_SUITE_STEP_TIMEOUT" "$bin" --ignored --exact --nocapture "$t")
+    echo "rdma-suite: --- $name: rxe-vm.sh --pair '$cmd' (both guests)"
+    "$VM" --pair "$cmd" "$cmd"
+    rc=$?
+    case $rc in
+        0) RESULT[$name]=PASS ;;
+        124) RESULT[$name]="FAIL (timed out after ${RDMA_SUITE_STEP_TIMEOUT}s)" ;;
+        125) RESULT[$name]="FAIL (the guests failed, rxe-vm.sh exited 125)"; pair_rc=125 ;;
+        *) RESULT[$name]="FAIL (exit status $rc)" ;;
+    esac
+    if [ "${RESULT[$name]}" = PASS ]; then
+        echo "rdma-suite: PASS $name"
+    else
+        echo "rdma-suite: FAIL $name ${RESULT[$name]#FAIL }"
+    fi
+done
+
 # Summary.  The guest's results file has "PASS name" or "FAIL name (why)"
 # lines; a step without one did not run.
 if [ -f "$RDMA_SUITE_DIR/results" ]; then
@@ -116,5 +154,5 @@ done
 [ ${#failed[@]} = 0 ] || printf 'rdma-suite: failed: %s\n' "${failed[@]}"
 echo "rdma-suite: $passed passed, ${#failed[@]} failed"
 if [ ${#failed[@]} = 0 ] && [ $vm_rc = 0 ]; then exit 0; fi
-[ $vm_rc = 125 ] && exit 125
+[ $vm_rc = 125 ] || [ $pair_rc = 125 ] && exit 125
 exit 1

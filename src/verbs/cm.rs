@@ -390,53 +390,39 @@ impl CmId {
 
     /// `RDMA_OPTION_ID_REUSEADDR` (before bind).
     pub fn set_reuseaddr(&self) -> Result<()> {
-        let mut one: libc::c_int = 1;
-        // SAFETY: option value is an int, as the kernel expects.
-        let rc = unsafe {
-            sys::rdma_set_option(
-                self.raw(),
-                sys::RDMA_OPTION_ID,
-                sys::RDMA_OPTION_ID_REUSEADDR,
-                ptr::addr_of_mut!(one).cast(),
-                std::mem::size_of::<libc::c_int>(),
-            )
-        };
-        self.check(rc, "rdma_set_option(REUSEADDR)")
+        // SAFETY: REUSEADDR takes an int.
+        unsafe { self.set_id_option(sys::RDMA_OPTION_ID_REUSEADDR, 1 as libc::c_int, "rdma_set_option(REUSEADDR)") }
     }
 
     /// `RDMA_OPTION_ID_TOS`: IP ToS / traffic class of this id's connection
     /// (set on the active side before `resolve_route`).
     pub fn set_tos(&self, tos: u8) -> Result<()> {
-        let mut tos = tos;
-        // SAFETY: option value is a u8, as the kernel expects.
-        let rc = unsafe {
-            sys::rdma_set_option(
-                self.raw(),
-                sys::RDMA_OPTION_ID,
-                sys::RDMA_OPTION_ID_TOS,
-                ptr::addr_of_mut!(tos).cast(),
-                1,
-            )
-        };
-        self.check(rc, "rdma_set_option(TOS)")
+        // SAFETY: TOS takes a u8.
+        unsafe { self.set_id_option(sys::RDMA_OPTION_ID_TOS, tos, "rdma_set_option(TOS)") }
     }
 
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout, 4.096 µs ×
     /// 2^`exponent` (set before `resolve_route` on the active side, before
     /// `accept` on the passive side).
     pub fn set_ack_timeout(&self, exponent: u8) -> Result<()> {
-        let mut exponent = exponent;
-        // SAFETY: option value is a u8, as the kernel expects.
-        let rc = unsafe {
-            sys::rdma_set_option(
-                self.raw(),
-                sys::RDMA_OPTION_ID,
-                sys::RDMA_OPTION_ID_ACK_TIMEOUT,
-                ptr::addr_of_mut!(exponent).cast(),
-                1,
-            )
-        };
-        self.check(rc, "rdma_set_option(ACK_TIMEOUT)")
+        // SAFETY: ACK_TIMEOUT takes a u8.
+        unsafe { self.set_id_option(sys::RDMA_OPTION_ID_ACK_TIMEOUT, exponent, "rdma_set_option(ACK_TIMEOUT)") }
+    }
+
+    /// `rdma_set_option(id, RDMA_OPTION_ID, option, &value, sizeof value)`.
+    ///
+    /// # Safety
+    /// `T` is the C type the kernel expects for `option` (it checks the size only).
+    unsafe fn set_id_option<T>(&self, option: libc::c_int, value: T, op: &'static str) -> Result<()> {
+        let mut value = value;
+        let rc = sys::rdma_set_option(
+            self.raw(),
+            sys::RDMA_OPTION_ID,
+            option,
+            ptr::addr_of_mut!(value).cast(),
+            std::mem::size_of::<T>(),
+        );
+        self.check(rc, op)
     }
 
     pub fn bind_addr(&self, addr: &SocketAddr) -> Result<()> {

@@ -4,37 +4,13 @@ use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, RamBlocks, Source};
+use rdmamig::{Config, Destination, Source};
 
-use crate::migration::{listen, rdma_ip, GuestRam, PAGE};
+use crate::migration::{listen, live_mrs, one_block, open_fds, rdma_ip, GuestRam, PAGE};
 
 const MIB: u64 = 1 << 20;
 const RAM: u64 = 64 * MIB;
 const PORT_FILE_ENV: &str = "RDMAMIG_TEST_PORT_FILE";
-
-fn registry(ram: &GuestRam) -> RamBlocks {
-    let mut r = RamBlocks::new();
-    unsafe { r.add("pc.ram", ram.ptr(), 0, RAM).unwrap() };
-    r
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-/// Memory regions registered on the guest's RDMA devices (`rdma resource`
-/// summary). Only this test runs in the guest, so that is this test's count.
-fn live_mrs() -> usize {
-    let out = Command::new("rdma").args(["resource", "show"]).output().expect("the rdma tool (iproute2)");
-    assert!(out.status.success(), "rdma resource show: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "mr")
-        .map(|w| w[1].parse::<usize>().expect("mr count"))
-        .sum()
-}
 
 /// Kills the child destination if the test fails before doing so itself.
 struct KillOnDrop(Option<Child>);
@@ -56,7 +32,7 @@ fn destination_process() {
     let ram = GuestRam::new(RAM, 0);
     let (listener, port) = listen(&Config::default());
     std::fs::write(&port_file, port.to_string()).unwrap();
-    let _dest = Destination::accept(&listener, &registry(&ram), Some(Duration::from_secs(60))).unwrap();
+    let _dest = Destination::accept(&listener, &one_block(&ram, RAM), Some(Duration::from_secs(60))).unwrap();
     thread::sleep(Duration::from_secs(120));
     panic!("the parent test should have killed this process");
 }
@@ -92,7 +68,7 @@ fn source_call_fails_fast_when_destination_is_killed() {
         thread::sleep(Duration::from_millis(50));
     };
 
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &registry(&ram)).unwrap();
+    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, RAM)).unwrap();
     assert!(live_mrs() > mrs_before, "the connection registered no memory region");
     let mut child = child.0.take().unwrap();
     let killer = thread::spawn(move || {

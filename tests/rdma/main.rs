@@ -12,6 +12,7 @@
 mod abort;
 mod hostile;
 mod killpoints;
+mod liveness;
 mod migration;
 mod qemu;
 mod setup;

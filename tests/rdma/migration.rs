@@ -134,6 +134,32 @@ impl Layout {
     }
 }
 
+/// A registry of one block, "pc.ram", over the first `len` bytes of `ram` at RAM offset 0.
+pub fn one_block(ram: &GuestRam, len: u64) -> RamBlocks {
+    let mut r = RamBlocks::new();
+    unsafe { r.add("pc.ram", ram.ptr(), 0, len).unwrap() };
+    r
+}
+
+/// This process's open file descriptors.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Memory regions registered on the guest's RDMA devices (`rdma resource`
+/// summary): this test's, as long as nothing else in the guest registers any.
+pub fn live_mrs() -> usize {
+    let out = std::process::Command::new("rdma").args(["resource", "show"]).output().expect("the rdma tool (iproute2)");
+    assert!(out.status.success(), "rdma resource show: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "mr")
+        .map(|w| w[1].parse::<usize>().expect("mr count"))
+        .sum()
+}
+
 /// Binds a listener on a free port.
 pub fn listen(config: &Config) -> (Listener, u16) {
     let l = Listener::bind(&rdma_ip(), 0, config).expect("listen");

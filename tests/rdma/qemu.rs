@@ -403,7 +403,10 @@ fn qemu_source_killed_inside_a_window_is_a_failure() {
         let stats = m.dest.stats();
         let end = m.dest.wait_end(Some(Duration::from_secs(10)));
         let detected = killed.elapsed();
-        eprintln!("attempt {attempt}: QEMU killed after {:?} ({stats:?}): {end:?} after {detected:?}", m.start.elapsed());
+        eprintln!(
+            "attempt {attempt}: QEMU killed after {:?} ({stats:?}): {end:?} after {detected:?}",
+            m.start.elapsed()
+        );
         assert!(detected < Duration::from_secs(5), "{detected:?}");
         let err = match end {
             Ok(Ending::Unverified) => continue,

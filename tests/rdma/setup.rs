@@ -7,17 +7,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, ErrorKind, Listener, RamBlocks, Source};
+use rdmamig::{Config, Destination, ErrorKind, Listener, Source};
 
-use crate::migration::{connect, listen, GuestRam, Layout, PAGE};
+use crate::migration::{connect, listen, one_block, GuestRam, Layout, PAGE};
 
 const MIB: u64 = 1 << 20;
-
-fn one_block(ram: &GuestRam, len: u64) -> RamBlocks {
-    let mut r = RamBlocks::new();
-    unsafe { r.add("pc.ram", ram.ptr(), 0, len).unwrap() };
-    r
-}
 
 #[test]
 fn accept_without_timeout_is_cancelled_from_another_thread() {

@@ -444,10 +444,6 @@ fn cq_wait_times_out_and_wakes() {
     assert_eq!(server.join().unwrap().message, b"WAKE");
 }
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 /// This process's verbs objects as the kernel lists them (`rdma resource show KIND`).
 fn kernel_objects(kind: &str) -> usize {
     let out =
@@ -458,7 +454,7 @@ fn kernel_objects(kind: &str) -> usize {
 }
 
 fn resource_snapshot() -> Vec<(&'static str, usize)> {
-    let mut v = vec![("fds", open_fds())];
+    let mut v = vec![("fds", crate::migration::open_fds())];
     for kind in ["cm_id", "qp", "cq", "pd", "mr"] {
         v.push((kind, kernel_objects(kind)));
     }
