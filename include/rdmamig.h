@@ -535,8 +535,12 @@ rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
  * has completed, then tells the destination (REGISTER_FINISHED), whose
  * `rdmamig_conn_wait_iteration` then counts it.
  *
- * Thread safety: needs exclusive use of `conn` (every `rdmamig_conn_save`
- * of the window must have returned).
+ * Thread safety: needs exclusive use of `conn`, except that
+ * `rdmamig_conn_save` calls of the window may still be running in other
+ * threads (and any of the `const` calls): each such save is either queued
+ * before the window ends, and so written before REGISTER_FINISHED, or
+ * returns `RDMAMIG_ERR_STATE`. The handle is only read here, although the
+ * pointer is not `const` (for ABI stability).
  */
 rdmamig_status rdmamig_conn_iteration_end(rdmamig_conn *conn);
 
