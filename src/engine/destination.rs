@@ -294,6 +294,7 @@ impl Service {
                     CommandType::UnregisterRequest => Request::Unregister(entries(m)?),
                     CommandType::Compress => Request::Zero(entries(m)?),
                     CommandType::RegisterFinished => Request::Finished,
+                    // decode_message let END through with exactly one summary.
                     CommandType::End if extensions => Request::End(entries(m)?[0]),
                     other => {
                         return Err(Error::new(

@@ -316,8 +316,9 @@ impl Link {
         Ok(())
     }
 
-    /// Takes one batch of completions; when there is none, sleeps until the CQ
-    /// fires or the event poll interval passes, and checks connection events.
+    /// Takes one batch of completions; when there is none, checks connection
+    /// events and the liveness probe, then sleeps until the CQ fires or the
+    /// event poll interval passes.
     fn progress(&mut self, what: &str, deadline: Option<Instant>) -> Result<()> {
         if self.reap()? > 0 {
             return Ok(());
