@@ -101,7 +101,7 @@ uninstall:
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
 c-tests: all $(CTEST_BINS) header-compile
 
-$(CTEST_DIR)/%: c-tests/%.c include/rdmamig.h $(SHLIB) Makefile
+$(CTEST_DIR)/%: c-tests/%.c c-tests/check.h include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 	@nm $@ | grep -q __asan_init || { echo "error: $@ is not linked with ASan" >&2; exit 1; }

@@ -9,17 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (cond) {                                                          \
-            passed++;                                                        \
-        } else {                                                             \
-            failed++;                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);  \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 #define CHECK_STATUS(expr, want)                                             \
     do {                                                                     \
