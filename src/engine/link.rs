@@ -661,21 +661,27 @@ fn resolve_timeout_ms(deadline: Instant) -> i32 {
     (left.as_millis() as i32).max(1)
 }
 
-/// Sets the QP's ACK timeout from the liveness time: the QP gives up on an
-/// unacknowledged packet after `RETRY_COUNT + 1` timeouts, which should take
-/// at most half the liveness time, but one timeout never drops below 0.27 s
-/// (2^16 × 4.096 µs), so a slow software link is not declared dead, nor above
-/// 4.3 s (2^20). Without liveness, rdma_cm's default stays.
+/// Sets the QP's ACK timeout from the liveness time (see [`ack_timeout_exponent`]);
+/// without liveness, rdma_cm's default stays.
 fn set_ack_timeout(id: &CmId, config: &Config) -> Result<()> {
-    let Some(liveness) = config.liveness else {
-        return Ok(());
-    };
+    match config.liveness {
+        Some(liveness) => Ok(id.set_ack_timeout(ack_timeout_exponent(liveness))?),
+        None => Ok(()),
+    }
+}
+
+/// The QP's ACK timeout, as the exponent e of 4.096 µs × 2^e: the QP gives up
+/// on an unacknowledged packet after `RETRY_COUNT + 1` timeouts, which should
+/// take at most half the liveness time; but one timeout never drops below
+/// 0.27 s (2^16), so a slow software link is not declared dead, nor rises
+/// above 4.3 s (2^20).
+fn ack_timeout_exponent(liveness: Duration) -> u8 {
     let per_try_ns = liveness.as_nanos() / 2 / (u128::from(RETRY_COUNT) + 1);
     let mut exponent = 16u8;
     while exponent < 20 && 4096u128 << (exponent + 1) <= per_try_ns {
         exponent += 1;
     }
-    Ok(id.set_ack_timeout(exponent)?)
+    exponent
 }
 
 fn wait_event(channel: &EventChannel, deadline: Instant) -> Result<verbs::CmEvent> {
@@ -761,5 +767,23 @@ impl Listener {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_timeout_fits_half_the_liveness_within_bounds() {
+        let e = |ms| ack_timeout_exponent(Duration::from_millis(ms));
+        // 6 tries of 4.096 µs × 2^e fit in half the liveness: the steps lie at 12 × 4.096 µs × 2^e.
+        assert_eq!(e(10_000), 17, "the default: 6 × 0.54 s = 3.2 s ≤ 5 s");
+        assert_eq!((e(6_442), e(6_443)), (16, 17));
+        assert_eq!((e(12_884), e(12_885)), (17, 18));
+        assert_eq!((e(51_539), e(51_540)), (19, 20));
+        // Clamped: never below 0.27 s per try, never above 4.3 s.
+        assert_eq!((e(1), e(3_000)), (16, 16));
+        assert_eq!(e(3_600_000), 20);
     }
 }
