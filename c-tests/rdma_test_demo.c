@@ -20,8 +20,10 @@
  *
  * Destination: RAM starts as 0xAA garbage (so zero ranges must really be
  * zeroed). Reads the stream with the rdmamig_stream_ops callbacks in
- * odd-sized pieces, waits for every round, then compares the hash of its RAM,
- * the blob, the zero regions and its counters.
+ * odd-sized pieces, waits for every round and for the completion handshake
+ * (rdmamig_conn_wait_end must say RDMAMIG_END_COMPLETED before the RAM is
+ * trusted), then compares the hash of its RAM, the blob, the zero regions and
+ * its counters; its close then returns RDMAMIG_OK, as does the source's.
  *
  *   rdma_test_demo [--mib N] [--pin-all] [-v]
  *
