@@ -1,15 +1,16 @@
 //! One RDMA connection: the cm id, an RC queue pair with one completion queue,
-//! the three registered control buffers, and the READY-credit control channel.
+//! the three registered control buffers, the READY-credit control channel,
+//! RDMA WRITEs and the liveness probe. Setting it up (resolution, connect,
+//! accept, the listener) is `setup`.
 //!
 //! The control channel is QEMU's: the receiver of a message first SENDs READY
 //! (one credit), and the sender SENDs only after taking that READY, so a SEND
 //! never arrives without a posted RECV (QEMU sets rnr_retry to 0, so that would
 //! kill the connection). Responses (REGISTER_RESULT, RAM_BLOCKS_RESULT,
-//! UNREGISTER_FINISHED) need no credit: the requester posts the response RECV
-//! before its request, and the responder sends the response before its next
-//! READY. This type is the one place that owns the credits.
+//! UNREGISTER_FINISHED, END_ACK) need no credit: the requester posts the
+//! response RECV before its request, and the responder sends the response
+//! before its next READY. This type is the one place that owns the credits.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,14 +18,15 @@ use std::time::{Duration, Instant};
 use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::verbs::{
-    self, Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ConnParam, EventChannel, MemoryRegion,
-    ProtectionDomain, QpCaps, QueuePair, Sge, VerbsError, WorkCompletion,
+    Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
+    Sge, VerbsError, WorkCompletion,
 };
-use crate::wire::{
-    self, Capabilities, CommandType, EncodeError, Message, MessageWriter, CAP_PIN_ALL, CAP_RDMAMIG_EXT,
-    CONTROL_BUFFER_SIZE,
-};
+use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE};
 use crate::{Error, ErrorKind, Result};
+
+mod setup;
+
+pub use setup::{Listener, Negotiated};
 
 /// Work-request ids. They never travel on the wire.
 const WRID_SEND_CONTROL: u64 = 2000;
@@ -42,13 +44,9 @@ const RESPONSE: usize = 1;
 const SEND_QUEUE_DEPTH: u32 = 512;
 const RECV_QUEUE_DEPTH: u32 = 3;
 const CQ_ENTRIES: i32 = 1024;
-/// QEMU's bound for address and route resolution; the config's timeout may shorten it.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a blocked wait looks at connection events (disconnects), at the
 /// liveness probe and at the hypervisor's abort or cancel.
 const EVENT_POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// Transport retries of an unacknowledged packet before the QP fails (QEMU's 5).
-const RETRY_COUNT: u8 = 5;
 /// How long an abort waits until the peer can take an ERROR (see `send_error`).
 const ERROR_GRACE: Duration = Duration::from_secs(1);
 
@@ -65,33 +63,6 @@ pub(crate) fn protocol_error(e: impl std::fmt::Display) -> Error {
 
 fn encode_error(e: EncodeError) -> Error {
     Error::new(ErrorKind::InvalidArgument, format!("cannot encode control message: {e}"))
-}
-
-/// What the two sides agreed on in the connection private data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Negotiated {
-    pub pin_all: bool,
-    /// Both sides speak rdmamig's extensions (the peer is not QEMU).
-    pub extensions: bool,
-}
-
-impl Negotiated {
-    /// What `config` offers (source) or allows (destination).
-    fn offered(config: &Config) -> Self {
-        Negotiated { pin_all: config.pin_all, extensions: config.extensions }
-    }
-
-    /// Keeps what both this and the peer's capability flags have.
-    fn masked(self, flags: u32) -> Self {
-        Negotiated {
-            pin_all: self.pin_all && flags & CAP_PIN_ALL != 0,
-            extensions: self.extensions && flags & CAP_RDMAMIG_EXT != 0,
-        }
-    }
-
-    fn flags(self) -> u32 {
-        (if self.pin_all { CAP_PIN_ALL } else { 0 }) | (if self.extensions { CAP_RDMAMIG_EXT } else { 0 })
-    }
 }
 
 /// A registered buffer of the control channel. `mr` is declared first so it is
@@ -187,123 +158,6 @@ impl Link {
             disconnected: false,
             closed_by_peer: false,
         })
-    }
-
-    /// Source side: resolve `host:port`, connect, and negotiate capabilities.
-    pub fn connect(host: &str, port: u16, config: &Config, counters: Arc<Counters>) -> Result<Link> {
-        let deadline = Instant::now() + config.timeout;
-        let addrs = resolve(host, port, config.timeout)?;
-        let channel = EventChannel::new()?;
-        let id = CmId::new(&channel)?;
-        set_ack_timeout(&id, config)?;
-        let mut last = None;
-        for addr in &addrs {
-            match id.resolve_addr(addr, resolve_timeout_ms(deadline)) {
-                Ok(()) => match expect_event(&channel, CmEventKind::AddrResolved, deadline) {
-                    Ok(_) => {
-                        last = None;
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                },
-                Err(e) => last = Some(e.into()),
-            }
-        }
-        if let Some(e) = last {
-            return Err(Error::new(e.kind, format!("cannot resolve {host}:{port}: {}", e.message)));
-        }
-        id.resolve_route(resolve_timeout_ms(deadline))?;
-        expect_event(&channel, CmEventKind::RouteResolved, deadline)?;
-
-        let offered = Negotiated::offered(config);
-        let mut link = Link::new(id, offered, config, counters)?;
-        // QEMU posts the READY receive before connecting: the destination may SEND at once.
-        link.post_recv(INCOMING)?;
-        let caps = Capabilities { version: config.protocol_version, flags: offered.flags() }.encode();
-        link.id.connect(&ConnParam {
-            private_data: &caps,
-            responder_resources: 0,
-            initiator_depth: 2,
-            retry_count: RETRY_COUNT,
-            rnr_retry_count: 0,
-        })?;
-        let event = wait_event(&channel, deadline)?;
-        match event.kind() {
-            CmEventKind::Established => {
-                let reply = Capabilities::decode(event.private_data()).map_err(protocol_error)?;
-                if reply.version != config.protocol_version {
-                    return Err(version_error(config.protocol_version, reply.version));
-                }
-                // The destination clears what it does not support; we turn those features off.
-                link.negotiated = offered.masked(reply.flags);
-                Ok(link)
-            }
-            // Our destination rejects a version it does not speak with its own
-            // version as private data; a reject without it (nobody listening) is zeros.
-            CmEventKind::Rejected => match Capabilities::decode(event.private_data()) {
-                Ok(theirs) if theirs.version != 0 && theirs.version != config.protocol_version => {
-                    Err(version_error(config.protocol_version, theirs.version))
-                }
-                _ => Err(Error::new(ErrorKind::Connect, format!("{host}:{port} rejected the connection"))),
-            },
-            other => Err(Error::new(
-                ErrorKind::Connect,
-                format!("connecting to {host}:{port} failed: {other:?} (status {})", event.status()),
-            )),
-        }
-    }
-
-    /// Destination side: accept one connection request from `listener`.
-    pub fn accept(listener: &Listener, counters: Arc<Counters>, timeout: Option<Duration>) -> Result<Link> {
-        let config = &listener.config;
-        let event = listener.next_event(timeout)?;
-        if event.kind() != CmEventKind::ConnectRequest {
-            return Err(Error::new(
-                ErrorKind::Connect,
-                format!("expected a connection request, got {:?}", event.kind()),
-            ));
-        }
-        // Each connection gets its own event channel (the id migrates to it), so
-        // its disconnect events are not taken by whoever waits on the listener.
-        let channel = EventChannel::new()?;
-        let Some(id) = event.take_request_id(&channel) else {
-            return Err(Error::new(ErrorKind::Connect, "connection request without an id"));
-        };
-        let ours = Capabilities { version: config.protocol_version, flags: 0 };
-        let request = match Capabilities::decode(event.private_data()) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = id.reject(&ours.encode());
-                return Err(protocol_error(e));
-            }
-        };
-        drop(event);
-        if request.version != config.protocol_version {
-            // QEMU just drops such a request; rejecting tells the source why.
-            let _ = id.reject(&ours.encode());
-            return Err(version_error(config.protocol_version, request.version));
-        }
-        let negotiated = Negotiated::offered(config).masked(request.flags);
-        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters));
-        let mut link = match link {
-            Ok(link) => link,
-            Err(e) => {
-                let _ = id.reject(&[]);
-                return Err(e);
-            }
-        };
-        // Masking unknown flags is the whole negotiation: echo what we kept.
-        let reply = Capabilities { version: request.version, flags: negotiated.flags() };
-        link.id.accept(&ConnParam {
-            private_data: &reply.encode(),
-            responder_resources: 2,
-            initiator_depth: 0,
-            retry_count: RETRY_COUNT,
-            rnr_retry_count: 0,
-        })?;
-        expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout)?;
-        link.post_recv(INCOMING)?;
-        Ok(link)
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<()> {
@@ -632,158 +486,5 @@ impl Drop for Link {
         if !self.disconnected {
             let _ = self.id.disconnect();
         }
-    }
-}
-
-fn version_error(ours: u32, theirs: u32) -> Error {
-    Error::new(ErrorKind::Version, format!("the peer speaks RDMA migration protocol version {theirs}, we speak {ours}"))
-}
-
-/// `host:port` as addresses, waiting at most `timeout` for the resolver.
-fn resolve(host: &str, port: u16, timeout: Duration) -> Result<Vec<SocketAddr>> {
-    verbs::resolve(host, port, timeout)
-        .map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::TimedOut { ErrorKind::Timeout } else { ErrorKind::Connect };
-            Error::new(kind, format!("cannot resolve '{host}': {e}"))
-        })
-        .and_then(|a| {
-            if a.is_empty() {
-                Err(Error::new(ErrorKind::Connect, format!("'{host}' has no address")))
-            } else {
-                Ok(a)
-            }
-        })
-}
-
-/// The resolve timeout for rdma_cm: QEMU's, or what is left until `deadline` if less.
-fn resolve_timeout_ms(deadline: Instant) -> i32 {
-    let left = deadline.saturating_duration_since(Instant::now()).min(RESOLVE_TIMEOUT);
-    (left.as_millis() as i32).max(1)
-}
-
-/// Sets the QP's ACK timeout from the liveness time (see [`ack_timeout_exponent`]);
-/// without liveness, rdma_cm's default stays.
-fn set_ack_timeout(id: &CmId, config: &Config) -> Result<()> {
-    match config.liveness {
-        Some(liveness) => Ok(id.set_ack_timeout(ack_timeout_exponent(liveness))?),
-        None => Ok(()),
-    }
-}
-
-/// The QP's ACK timeout, as the exponent e of 4.096 µs × 2^e: the QP gives up
-/// on an unacknowledged packet after `RETRY_COUNT + 1` timeouts, which should
-/// take at most half the liveness time; but one timeout never drops below
-/// 0.27 s (2^16), so a slow software link is not declared dead, nor rises
-/// above 4.3 s (2^20).
-fn ack_timeout_exponent(liveness: Duration) -> u8 {
-    let per_try_ns = liveness.as_nanos() / 2 / (u128::from(RETRY_COUNT) + 1);
-    let mut exponent = 16u8;
-    while exponent < 20 && 4096u128 << (exponent + 1) <= per_try_ns {
-        exponent += 1;
-    }
-    exponent
-}
-
-fn wait_event(channel: &EventChannel, deadline: Instant) -> Result<verbs::CmEvent> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    channel
-        .get_event(Some(left))?
-        .ok_or_else(|| Error::new(ErrorKind::Timeout, "timed out waiting for a connection event"))
-}
-
-fn expect_event(channel: &EventChannel, kind: CmEventKind, deadline: Instant) -> Result<()> {
-    let event = wait_event(channel, deadline)?;
-    if event.kind() != kind {
-        return Err(Error::new(
-            ErrorKind::Connect,
-            format!("expected {kind:?}, got {:?} (status {})", event.kind(), event.status()),
-        ));
-    }
-    Ok(())
-}
-
-/// A destination's listening endpoint.
-pub struct Listener {
-    channel: Arc<EventChannel>,
-    id: Arc<CmId>,
-    config: Config,
-    cancelled: AtomicBool,
-}
-
-impl Listener {
-    /// Listens on `host:port` (a name, an IPv4 or an IPv6 address; port 0 picks one).
-    pub fn bind(host: &str, port: u16, config: &Config) -> Result<Listener> {
-        let addrs = resolve(host, port, config.timeout)?;
-        let channel = EventChannel::new()?;
-        let id = CmId::new(&channel)?;
-        id.set_reuseaddr()?;
-        let mut last = None;
-        for addr in addrs {
-            match id.bind_addr(&addr) {
-                Ok(()) => {
-                    last = None;
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        if let Some(e) = last {
-            let e = Error::from(e);
-            return Err(Error::new(e.kind, format!("cannot bind {host}:{port}: {}", e.message)));
-        }
-        id.listen(5)?;
-        Ok(Listener { channel, id, config: config.clone(), cancelled: AtomicBool::new(false) })
-    }
-
-    /// Makes every accept on this listener, running or later, fail with
-    /// `Cancelled` (within `EVENT_POLL_INTERVAL`). Callable from any thread.
-    pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-
-    /// The next connection event, waiting at most `timeout` (`None`: for
-    /// ever) in slices so that `cancel` is noticed.
-    fn next_event(&self, timeout: Option<Duration>) -> Result<verbs::CmEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if self.cancelled.load(Ordering::Relaxed) {
-                return Err(Error::new(ErrorKind::Cancelled, "the listener was cancelled"));
-            }
-            let slice = deadline
-                .map_or(EVENT_POLL_INTERVAL, |d| d.saturating_duration_since(Instant::now()).min(EVENT_POLL_INTERVAL));
-            if let Some(event) = self.channel.get_event(Some(slice))? {
-                return Ok(event);
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::new(ErrorKind::Timeout, "no connection request arrived"));
-            }
-        }
-    }
-
-    /// The port actually bound (useful after binding port 0).
-    pub fn port(&self) -> u16 {
-        self.id.local_port()
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ack_timeout_fits_half_the_liveness_within_bounds() {
-        let e = |ms| ack_timeout_exponent(Duration::from_millis(ms));
-        // 6 tries of 4.096 µs × 2^e fit in half the liveness: the steps lie at 12 × 4.096 µs × 2^e.
-        assert_eq!(e(10_000), 17, "the default: 6 × 0.54 s = 3.2 s ≤ 5 s");
-        assert_eq!((e(6_442), e(6_443)), (16, 17));
-        assert_eq!((e(12_884), e(12_885)), (17, 18));
-        assert_eq!((e(51_539), e(51_540)), (19, 20));
-        // Clamped: never below 0.27 s per try, never above 4.3 s.
-        assert_eq!((e(1), e(3_000)), (16, 16));
-        assert_eq!(e(3_600_000), 20);
     }
 }
