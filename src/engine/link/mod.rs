@@ -117,8 +117,10 @@ pub(crate) struct Link {
     aborting: bool,
     writes_posted: u64,
     writes_completed: u64,
-    /// A disconnect (or device removal) event arrived: the link is gone.
-    disconnected: bool,
+    /// A disconnect (or device removal) event arrived: the link is gone, and
+    /// this is the error every wait reports once the completions that arrived
+    /// before it are taken.
+    lost: Option<Error>,
     /// That event was the peer's disconnect (not a device removal).
     closed_by_peer: bool,
 }
@@ -155,7 +157,7 @@ impl Link {
             aborting: false,
             writes_posted: 0,
             writes_completed: 0,
-            disconnected: false,
+            lost: None,
             closed_by_peer: false,
         })
     }
@@ -219,6 +221,10 @@ impl Link {
     fn complete(&mut self, wc: &WorkCompletion) -> Result<()> {
         let id = wc.wr_id();
         if !wc.is_success() {
+            // Work requests flushed by the disconnect: `check_events` reports it.
+            if self.lost.is_some() {
+                return Ok(());
+            }
             if id == WRID_PROBE {
                 return Err(Error::new(
                     ErrorKind::Disconnected,
@@ -254,17 +260,22 @@ impl Link {
         Ok(())
     }
 
-    /// Fails if the connection is gone (disconnect or device removal events).
+    /// Fails if the connection is gone (disconnect or device removal
+    /// events), but only once the CQ is empty: what the peer sent before it
+    /// left (its last message, an ERROR) is still taken first.
     fn check_events(&mut self) -> Result<()> {
-        while let Some(event) = self.id.channel().get_event(Some(Duration::ZERO))? {
+        while self.lost.is_none() {
+            let Some(event) = self.id.channel().get_event(Some(Duration::ZERO))? else { break };
             let kind = event.kind();
             if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
-                self.disconnected = true;
                 self.closed_by_peer = kind != CmEventKind::DeviceRemoval;
-                return Err(Error::new(ErrorKind::Disconnected, format!("connection lost: {kind:?} event")));
+                self.lost = Some(Error::new(ErrorKind::Disconnected, format!("connection lost: {kind:?} event")));
             }
         }
-        Ok(())
+        match self.lost.clone() {
+            Some(e) if self.reap()? == 0 => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Whether the connection ended with the peer's disconnect (rather than
@@ -468,7 +479,7 @@ impl Link {
     /// source sends nothing meanwhile, it learns of the end from the
     /// disconnect instead.
     pub fn send_error(&mut self) {
-        if self.disconnected {
+        if self.lost.is_some() {
             return;
         }
         self.aborting = true;
@@ -483,7 +494,7 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        if !self.disconnected {
+        if self.lost.is_none() {
             let _ = self.id.disconnect();
         }
     }
