@@ -625,17 +625,17 @@ rdmamig_status rdmamig_conn_wait_iteration(const rdmamig_conn *conn,
 rdmamig_status rdmamig_conn_wait_end(const rdmamig_conn *conn, uint32_t timeout_ms);
 
 /**
- * Aborts the migration. A source's transfer thread sends ERROR to the
- * destination (which always has a receive posted for it) and tears the
- * connection down. A destination's service thread does the same toward a
- * source still migrating, with one exception that the protocol imposes:
- * while the destination has granted the source a credit (READY) that the
- * source has not used yet, the source has no receive posted, so the ERROR
- * waits up to 1 s for the source's next message (before which the source
- * posts one) and is not sent if none comes; the source then learns of the
- * abort from the disconnect (`RDMAMIG_ERR_DISCONNECTED`) instead of
- * `RDMAMIG_ERR_PEER`. Either way its `rdmamig_conn_close` fails. Calls blocked on the
- * connection in other threads (`rdmamig_conn_iteration_end`,
+ * Aborts the migration: the library's thread sends the peer an ERROR
+ * (`RDMAMIG_ERR_PEER` there) and tears the connection down. The protocol
+ * (no receiver-not-ready retries) allows the ERROR only into a receive the
+ * peer has posted, so it waits up to 1 s for the proof of one: a source for
+ * the destination's next credit (READY), which the destination grants
+ * after posting; a destination that granted a READY the source has not
+ * used yet for the source's next message, which the source posts before
+ * sending. Without it within 1 s (a peer that is busy or idle for that
+ * long) no ERROR is sent and the peer learns of the abort from the
+ * disconnect (`RDMAMIG_ERR_DISCONNECTED`); either way the migration fails
+ * on both sides. Calls blocked on the connection in other threads (`rdmamig_conn_iteration_end`,
  * `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`)
  * then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
  * ended the connection (a destination's `rdmamig_conn_get` first returns the

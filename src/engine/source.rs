@@ -242,8 +242,10 @@ impl Source {
         self.shared.error.get()
     }
 
-    /// Aborts the migration: the transfer thread sends ERROR and tears down.
+    /// Aborts the migration: every later call fails with `Aborted` at once;
+    /// the transfer thread sends ERROR and tears down.
     pub fn abort(&self) {
+        self.shared.error.set(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.shared.engine.get() {
             t.unpark();

@@ -470,22 +470,22 @@ impl Link {
 
     /// Best effort on abort: tell the peer with an ERROR message. The peer
     /// must have a RECV posted for it (with rnr_retry 0 a SEND without one
-    /// kills the connection instead). A source always has one: the
-    /// destination re-posts its RECV as soon as a message arrives. A
-    /// destination that granted a READY the source has not used yet must
-    /// wait: the source's RECV took that READY, and the source posts the next
-    /// one just before it sends its next message. So the ERROR waits (at most
-    /// `ERROR_GRACE`) for a SEND still in flight and for that message; if the
-    /// source sends nothing meanwhile, it learns of the end from the
-    /// disconnect instead.
+    /// kills the connection instead), and its software re-posts one only some
+    /// time after a message arrives. So the ERROR waits (at most
+    /// `ERROR_GRACE`), after a SEND still in flight, for what proves a posted
+    /// RECV: on the source, the destination's READY (it posts before it
+    /// grants); on a destination that granted a READY the source has not used
+    /// yet, the source's next message (the source posts before it sends). If
+    /// that does not come, the peer learns of the end from the disconnect.
     pub fn send_error(&mut self) {
         if self.lost.is_some() {
             return;
         }
         self.aborting = true;
         let deadline = Some(Instant::now() + ERROR_GRACE);
-        let can_send =
-            self.wait_until("the peer to be able to take an ERROR", deadline, |l| l.send_done && !l.ready_granted);
+        let can_send = self.wait_until("the peer to be able to take an ERROR", deadline, |l| {
+            l.send_done && !l.ready_granted && (!l.ready_expected || l.received[INCOMING].is_some())
+        });
         if can_send.is_ok() {
             let _ = self.send_until(CommandType::Error, deadline, |_| Ok(()));
         }

@@ -161,6 +161,8 @@ impl Link {
         })?;
         expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout)?;
         link.post_recv(INCOMING)?;
+        // The destination grants credits; it never waits for one.
+        link.ready_expected = false;
         Ok(link)
     }
 }
