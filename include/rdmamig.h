@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 2
+#define RDMAMIG_VERSION_MINOR 3
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -42,6 +42,12 @@
  * `stream_bytes`), and the smallest `size` `rdmamig_conn_get_stats` accepts.
  */
 #define RDMAMIG_STATS_SIZE_V1 88
+
+/**
+ * The size of the second version of `rdmamig_stats` (every field up to
+ * `pin_all_progress_bytes`).
+ */
+#define RDMAMIG_STATS_SIZE_V2 160
 
 /**
  * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success;
@@ -146,12 +152,49 @@ enum rdmamig_status
    * The wait was cancelled (`rdmamig_listener_cancel`).
    */
   RDMAMIG_ERR_CANCELLED = 18,
+  /**
+   * Guest memory could not be registered within the pin budget
+   * (`rdmamig_config_set_pin_budget`) or the kernel's memlock limit, even
+   * after unpinning what could be; or, on a destination, the source asked
+   * to pin more than the destination's budget.
+   */
+  RDMAMIG_ERR_PIN_BUDGET = 19,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum rdmamig_status rdmamig_status;
 #else
 typedef uint32_t rdmamig_status;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * What `rdmamig_conn_hint` says about a range of guest RAM.
+ */
+enum rdmamig_hint
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No hint (the default): least recently used chunks are unpinned first.
+   */
+  RDMAMIG_HINT_NORMAL = 0,
+  /**
+   * Not sent again soon (balloon-inflated, read-only or discarded
+   * ranges): unpinned before any other chunk.
+   */
+  RDMAMIG_HINT_COLD = 1,
+  /**
+   * Sent again soon: kept pinned while any other chunk can be unpinned.
+   */
+  RDMAMIG_HINT_HOT = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rdmamig_hint rdmamig_hint;
+#else
+typedef uint32_t rdmamig_hint;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -291,6 +334,50 @@ typedef struct {
    * Device-state stream bytes sent (source) or received (destination).
    */
   uint64_t stream_bytes;
+  /**
+   * Version 2 (`RDMAMIG_STATS_SIZE_V2`) adds the pinning counters below.
+   * The pin budget this side keeps `pinned_bytes` under (`UINT64_MAX`:
+   * unlimited; see `rdmamig_config_set_pin_budget`).
+   */
+  uint64_t pin_budget;
+  /**
+   * The memory limit of this process's cgroup (`UINT64_MAX`: none or unknown).
+   */
+  uint64_t cgroup_memory_limit;
+  /**
+   * Registrations dropped to stay under a pin budget (source: chunks
+   * unpinned here, with the destination's registration when the peer is
+   * rdmamig; destination: registrations the source unregistered).
+   */
+  uint64_t unpins;
+  /**
+   * Of those, registrations of ranges hinted `RDMAMIG_HINT_COLD`.
+   */
+  uint64_t unpins_cold;
+  /**
+   * Registrations retried after the kernel refused them (ENOMEM, EPERM).
+   */
+  uint64_t registration_retries;
+  /**
+   * Time spent waiting for released memory to be deregistered before a
+   * registration fit the budget, in nanoseconds.
+   */
+  uint64_t pin_wait_ns;
+  /**
+   * Registrations queued for the unregistration worker and not yet deregistered.
+   */
+  uint64_t unregister_queue_depth;
+  /**
+   * How registered memory survives `fork()`: 0 the kernel copies pinned
+   * pages for the child (Linux >= 5.13), 1 rdma-core's fork support is on
+   * (`ibv_fork_init`), 2 neither: a forked child that shares registered
+   * pages can make transfers read stale memory.
+   */
+  uint64_t fork_mode;
+  /**
+   * Pin-all: bytes of guest RAM pre-faulted for registration so far.
+   */
+  uint64_t pin_all_progress_bytes;
 } rdmamig_stats;
 
 /**
@@ -372,7 +459,8 @@ size_t rdmamig_last_error_message(char *buf, size_t len);
 
 /**
  * A new config with the defaults: pin_all off, extensions on, protocol
- * version 1, timeout 30000 ms, liveness 10000 ms.
+ * version 1, timeout 30000 ms, liveness 10000 ms, pin budget from
+ * RLIMIT_MEMLOCK, unregistration worker on.
  *
  * Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
  */
@@ -424,6 +512,32 @@ rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t ti
  * (QEMU's behaviour: only connection events end a silent connection).
  */
 rdmamig_status rdmamig_config_set_liveness_ms(rdmamig_config *config, uint32_t liveness_ms);
+
+/**
+ * Pin budget, in bytes: the most guest memory this side keeps registered
+ * (pinned) at once. A source unpins least-recently-used chunks (see
+ * `rdmamig_conn_hint`) to stay under it and under the budget an rdmamig
+ * destination announces at connect; a destination refuses a source that asks
+ * for more (`RDMAMIG_ERR_PIN_BUDGET`; a QEMU source cannot unpin). Pin-all
+ * is dropped at connect, on either side, when the budget cannot hold all the
+ * RAM registered for the connection: both sides then register dynamically.
+ * 0 (the default) takes RLIMIT_MEMLOCK (`ulimit -l`) less what the control
+ * channel pins, unlimited when that limit is infinite or the process has
+ * CAP_IPC_LOCK; any other value is kept within that too. `UINT64_MAX`:
+ * no budget of its own. The budget in effect is in `rdmamig_stats.pin_budget`.
+ */
+rdmamig_status rdmamig_config_set_pin_budget(rdmamig_config *config, uint64_t bytes);
+
+/**
+ * Whether deregistration runs on the process's unregistration worker
+ * thread (default true): then no write, no `rdmamig_conn_iteration_end` and
+ * no `rdmamig_conn_close` waits for `ibv_dereg_mr` (about 400 ms per 64 GiB).
+ * The worker starts with the first connection that uses it and is joined,
+ * after deregistering everything queued, when the last such connection is
+ * freed; `rdmamig_unregister_flush` waits for its queue. false: each
+ * connection deregisters on its own thread, and `rdmamig_conn_close` waits.
+ */
+rdmamig_status rdmamig_config_set_unregister_worker(rdmamig_config *config, bool worker);
 
 /**
  * Connects, as the source, to a destination listening on `host:port` (a
@@ -529,6 +643,35 @@ rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
                                  uint32_t block,
                                  uint64_t offset,
                                  uint64_t length);
+
+/**
+ * Source: hints how `length` bytes at `offset` of block `block` will be
+ * sent (`hint`, an `rdmamig_hint` value), for choosing which 1 MiB chunks
+ * to unpin when the pin budget is full (see
+ * `rdmamig_config_set_pin_budget`). A hint covers every chunk the range
+ * touches, lasts until another hint for the chunk, also applies to chunks
+ * pinned later, and takes effect in order with `rdmamig_conn_save` calls.
+ * An unknown `hint` or a range outside the block gives
+ * `RDMAMIG_ERR_INVALID_ARGUMENT`; a destination gives `RDMAMIG_ERR_STATE`
+ * (only a source chooses what to unpin).
+ *
+ * Thread safety: as `rdmamig_conn_save`.
+ */
+rdmamig_status rdmamig_conn_hint(const rdmamig_conn *conn,
+                                 uint32_t block,
+                                 uint64_t offset,
+                                 uint64_t length,
+                                 uint32_t hint);
+
+/**
+ * Waits until every registration queued for the unregistration worker (by
+ * any connection of the process) is deregistered: after it, the memory
+ * closed connections had pinned is unpinned. Returns at once when no worker
+ * runs.
+ *
+ * Thread safety: may be called from any thread at any time.
+ */
+rdmamig_status rdmamig_unregister_flush(void);
 
 /**
  * Source: closes the iteration window: waits until every write queued in it

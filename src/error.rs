@@ -32,6 +32,9 @@ pub enum ErrorKind {
     State,
     /// The hypervisor cancelled the wait (`Listener::cancel`).
     Cancelled,
+    /// Memory could not be registered within the pin budget (or the kernel's
+    /// memlock limit), or a peer asked for more than this side's budget.
+    PinBudget,
 }
 
 /// An error with a message naming its cause.

@@ -22,7 +22,9 @@ mod ffi;
 pub mod verbs;
 pub mod wire;
 
-pub use engine::{Config, Destination, Ending, Listener, Negotiated, RamBlock, RamBlocks, Read, Source, Stats};
+pub use engine::{
+    Config, Destination, Ending, Hint, Listener, Negotiated, RamBlock, RamBlocks, Read, Source, Stats, Unregistration,
+};
 pub use error::{Error, ErrorKind, Result};
 
 /// The library version, as in Cargo.toml.

@@ -98,6 +98,9 @@ int main(void)
 	printf("enum_cm_event_type.size %zu\n", sizeof(enum rdma_cm_event_type));
 
 	K(IBV_ACCESS_LOCAL_WRITE);
+	K(IBV_FORK_DISABLED);
+	K(IBV_FORK_ENABLED);
+	K(IBV_FORK_UNNEEDED);
 	K(IBV_ACCESS_REMOTE_WRITE);
 	K(IBV_ACCESS_REMOTE_READ);
 	K(IBV_QPT_RC);

@@ -150,6 +150,9 @@ fn rust_values() -> BTreeMap<String, i64> {
 
     k!(
         IBV_ACCESS_LOCAL_WRITE,
+        IBV_FORK_DISABLED,
+        IBV_FORK_ENABLED,
+        IBV_FORK_UNNEEDED,
         IBV_ACCESS_REMOTE_WRITE,
         IBV_ACCESS_REMOTE_READ,
         IBV_QPT_RC,

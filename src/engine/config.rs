@@ -27,6 +27,17 @@ pub struct Config {
     /// every third of it, which the peer's NIC answers without its software
     /// seeing anything; the QP's ACK timeout is derived from it too.
     pub liveness: Option<Duration>,
+    /// Bytes of guest memory this side may keep registered (pinned) at once.
+    /// `None`: RLIMIT_MEMLOCK decides (unlimited when it is infinite or the
+    /// process has CAP_IPC_LOCK); a value is kept within it too. A source
+    /// unpins least-recently-used chunks to stay under it (and under the
+    /// budget an rdmamig destination announces); a destination refuses a
+    /// source that asks for more. Pin-all is dropped at connect when the
+    /// budget cannot hold all guest RAM.
+    pub pin_budget: Option<u64>,
+    /// Deregister memory on the process's unregistration worker thread
+    /// rather than on the connection's own thread.
+    pub unregister_worker: bool,
 }
 
 impl Default for Config {
@@ -37,6 +48,8 @@ impl Default for Config {
             protocol_version: 1,
             timeout: Duration::from_secs(30),
             liveness: Some(DEFAULT_LIVENESS),
+            pin_budget: None,
+            unregister_worker: true,
         }
     }
 }

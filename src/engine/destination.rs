@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::engine::link::{protocol_error, Link, Listener, Negotiated};
+use crate::engine::pin::{PinAll, Pins, Unregistration};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::{is_zero, validate, Ending};
@@ -55,6 +56,9 @@ pub struct Destination {
     stop: Arc<AtomicBool>,
     negotiated: Negotiated,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Keeps the unregistration worker running past `close`, so that close
+    /// does not wait for the deregistrations it queued.
+    unregistration: Option<Arc<Unregistration>>,
 }
 
 impl Destination {
@@ -65,21 +69,33 @@ impl Destination {
         if ram.is_empty() {
             return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
         }
-        let counters = Arc::new(Counters::default());
-        let link = Link::accept(listener, counters.clone(), timeout)?;
+        let counters = Arc::new(Counters::new());
+        let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout)?;
+        let pins = Pins::new(link.pd.clone(), listener.config(), counters.clone())?;
+        // Pin-all starts now, while the source gets ready to ask for the blocks.
+        let pin_all = match link.negotiated.pin_all {
+            true => Some(pins.pin_all(ram, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?),
+            false => None,
+        };
+        let unregistration = pins.worker();
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
-        let service = Service::new(link, ram.clone(), shared.clone());
+        let service = Service::new(link, pins, pin_all, ram.clone(), shared.clone());
         let thread = thread::Builder::new()
             .name("rdmamig-dest".into())
             .spawn(move || service.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the service thread: {e}")))?;
-        Ok(Destination { shared, stop, negotiated, thread: Mutex::new(Some(thread)) })
+        Ok(Destination { shared, stop, negotiated, thread: Mutex::new(Some(thread)), unregistration: unregistration })
     }
 
     pub fn negotiated(&self) -> Negotiated {
         self.negotiated
+    }
+
+    /// The unregistration worker this connection uses (see `Source::unregistration`).
+    pub fn unregistration(&self) -> Option<Arc<Unregistration>> {
+        self.unregistration.clone()
     }
 
     /// Reads stream bytes into `buf`: blocks until at least one byte is there
@@ -205,6 +221,9 @@ enum ChunkReg {
 
 struct Service {
     link: Link,
+    pins: Pins,
+    /// Pin-all registrations under way, taken when the source asks for the blocks.
+    pin_all: Option<PinAll>,
     ram: RamBlocks,
     shared: Arc<Shared>,
     /// Local block index of each source block index (identity until the source describes its blocks).
@@ -232,11 +251,11 @@ fn entries<E: crate::wire::Entry>(m: &Message) -> Result<Vec<E>> {
 }
 
 impl Service {
-    fn new(link: Link, ram: RamBlocks, shared: Arc<Shared>) -> Service {
+    fn new(link: Link, pins: Pins, pin_all: Option<PinAll>, ram: RamBlocks, shared: Arc<Shared>) -> Service {
         let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| ChunkReg::Free).collect()).collect();
         let whole = ram.blocks().iter().map(|_| None).collect();
         let order = (0..ram.len()).collect();
-        Service { link, ram, shared, order, chunks, whole, in_window: false }
+        Service { link, pins, pin_all, ram, shared, order, chunks, whole, in_window: false }
     }
 
     fn run(mut self) {
@@ -248,10 +267,18 @@ impl Service {
                 self.link.send_error();
             }
         }
-        // Deregister everything and destroy the QP, CQ and id before reporting the end.
-        let Service { link, chunks, whole, shared, .. } = self;
-        drop((chunks, whole, link));
-        shared.counters.pinned_bytes.store(0, Ordering::Relaxed);
+        // Destroy the QP, CQ and id (no more remote writes), hand every
+        // registration to the worker, then report the end.
+        let Service { link, pins, pin_all, chunks, whole, shared, .. } = self;
+        drop(link);
+        let pinned_all = pin_all.map(PinAll::wait).and_then(|r| r.ok()).unwrap_or_default();
+        let owners = chunks.into_iter().flatten().filter_map(|c| match c {
+            ChunkReg::Owner(mr) => Some(mr),
+            _ => None,
+        });
+        for mr in whole.into_iter().flatten().chain(pinned_all).chain(owners) {
+            pins.release(mr);
+        }
         shared.state.lock().end = Some(end);
         shared.changed.notify_all();
     }
@@ -370,33 +397,25 @@ impl Service {
                 }
             }
         }
-        let mut result = Vec::with_capacity(self.order.len());
-        for &local in &self.order {
-            let b = &self.ram.blocks()[local];
-            let mut rkey = 0;
-            if self.link.negotiated.pin_all {
-                if self.whole[local].is_none() {
-                    // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                    let mr = unsafe {
-                        self.link.pd.register(
-                            b.host_ptr(0),
-                            b.length as usize,
-                            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                        )?
-                    };
-                    self.shared.counters.pin(b.length);
-                    Counters::add(&self.shared.counters.chunks_registered, b.chunk_count() as u64);
-                    self.whole[local] = Some(mr);
-                }
-                rkey = self.whole[local].as_ref().map_or(0, |mr| mr.rkey());
+        if let Some(job) = self.pin_all.take() {
+            for (i, mr) in job.wait()?.into_iter().enumerate() {
+                Counters::add(&self.shared.counters.chunks_registered, self.ram.blocks()[i].chunk_count() as u64);
+                self.whole[i] = Some(mr);
             }
-            result.push(DestBlock {
-                remote_host_addr: b.host as u64,
-                offset: b.offset,
-                length: b.length,
-                remote_rkey: rkey,
-            });
         }
+        let result: Vec<DestBlock> = self
+            .order
+            .iter()
+            .map(|&local| {
+                let b = &self.ram.blocks()[local];
+                DestBlock {
+                    remote_host_addr: b.host as u64,
+                    offset: b.offset,
+                    length: b.length,
+                    remote_rkey: self.whole[local].as_ref().map_or(0, |mr| mr.rkey()),
+                }
+            })
+            .collect();
         self.link.respond(CommandType::RamBlocksResult, |w| result.iter().try_for_each(|d| w.push(d)))
     }
 
@@ -450,16 +469,31 @@ impl Service {
         let block = &self.ram.blocks()[local];
         let (start, _) = block.chunk_range(first);
         let (_, end) = block.chunk_range(last);
-        // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-        let mr = unsafe {
-            self.link.pd.register(
-                block.host_ptr(start),
-                (end - start) as usize,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )?
+        let len = end - start;
+        // The source cannot make this side unpin: what passes the budget is refused.
+        if !self.pins.fits_after_release(len) {
+            return Err(Error::new(
+                ErrorKind::PinBudget,
+                format!(
+                    "the source asked to register chunks {first}..={last} of block '{}': {}",
+                    block.name,
+                    self.pins.over_budget(len).message
+                ),
+            ));
+        }
+        self.pins.settle_for(len);
+        let (ptr, access) = (block.host_ptr(start), Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
+        let mr = match unsafe { self.pins.register(ptr, len, access) } {
+            Err(e) if e.kind == ErrorKind::PinBudget => {
+                // Nothing here can be unpinned; what the worker still holds can.
+                self.pins.retried();
+                self.pins.settle();
+                unsafe { self.pins.register(ptr, len, access)? }
+            }
+            r => r?,
         };
         let rkey = mr.rkey();
-        self.shared.counters.pin(end - start);
         Counters::add(&self.shared.counters.chunks_registered, (last - first + 1) as u64);
         regs[first] = ChunkReg::Owner(mr);
         for reg in &mut regs[first + 1..=last] {
@@ -479,7 +513,8 @@ impl Service {
                 _ => chunk,
             };
             if let ChunkReg::Owner(mr) = std::mem::replace(&mut regs[owner], ChunkReg::Free) {
-                self.shared.counters.unpin(mr.len() as u64);
+                self.pins.release(mr);
+                Counters::add(&self.shared.counters.unpins, 1);
                 for reg in regs[owner + 1..].iter_mut().take_while(|r| matches!(r, ChunkReg::Covered(o) if *o == owner))
                 {
                     *reg = ChunkReg::Free;

@@ -104,6 +104,11 @@ impl RamBlocks {
         &self.blocks
     }
 
+    /// Bytes of guest RAM in all blocks.
+    pub fn total_bytes(&self) -> u64 {
+        self.blocks.iter().map(|b| b.length).sum()
+    }
+
     pub fn len(&self) -> usize {
         self.blocks.len()
     }

@@ -25,7 +25,8 @@ impl Castable for rdmamig_config {
 }
 
 /// A new config with the defaults: pin_all off, extensions on, protocol
-/// version 1, timeout 30000 ms, liveness 10000 ms.
+/// version 1, timeout 30000 ms, liveness 10000 ms, pin budget from
+/// RLIMIT_MEMLOCK, unregistration worker on.
 ///
 /// Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
 #[no_mangle]
@@ -115,6 +116,42 @@ pub extern "C" fn rdmamig_config_set_liveness_ms(config: *mut rdmamig_config, li
     }
 }
 
+/// Pin budget, in bytes: the most guest memory this side keeps registered
+/// (pinned) at once. A source unpins least-recently-used chunks (see
+/// `rdmamig_conn_hint`) to stay under it and under the budget an rdmamig
+/// destination announces at connect; a destination refuses a source that asks
+/// for more (`RDMAMIG_ERR_PIN_BUDGET`; a QEMU source cannot unpin). Pin-all
+/// is dropped at connect, on either side, when the budget cannot hold all the
+/// RAM registered for the connection: both sides then register dynamically.
+/// 0 (the default) takes RLIMIT_MEMLOCK (`ulimit -l`) less what the control
+/// channel pins, unlimited when that limit is infinite or the process has
+/// CAP_IPC_LOCK; any other value is kept within that too. `UINT64_MAX`:
+/// no budget of its own. The budget in effect is in `rdmamig_stats.pin_budget`.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_pin_budget(config: *mut rdmamig_config, bytes: u64) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.pin_budget = (bytes != 0).then_some(bytes);
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
+/// Whether deregistration runs on the process's unregistration worker
+/// thread (default true): then no write, no `rdmamig_conn_iteration_end` and
+/// no `rdmamig_conn_close` waits for `ibv_dereg_mr` (about 400 ms per 64 GiB).
+/// The worker starts with the first connection that uses it and is joined,
+/// after deregistering everything queued, when the last such connection is
+/// freed; `rdmamig_unregister_flush` waits for its queue. false: each
+/// connection deregisters on its own thread, and `rdmamig_conn_close` waits.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_unregister_worker(config: *mut rdmamig_config, worker: bool) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.unregister_worker = worker;
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +169,8 @@ mod tests {
         assert_eq!(rdmamig_config_set_timeout_ms(c, 1500), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
         assert_eq!(rdmamig_config_set_liveness_ms(c, 2500), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_pin_budget(c, 64 << 20), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -141,10 +180,14 @@ mod tests {
                 protocol_version: 7,
                 timeout: Duration::from_millis(1500),
                 liveness: Some(Duration::from_millis(2500)),
+                pin_budget: Some(64 << 20),
+                unregister_worker: false,
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
-        assert_eq!(try_from_ptr(c as *const rdmamig_config).unwrap().liveness, None);
+        assert_eq!(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK);
+        let got = try_from_ptr(c as *const rdmamig_config).unwrap();
+        assert_eq!((got.liveness, got.pin_budget), (None, None));
         rdmamig_config_free(c);
     }
 
@@ -156,6 +199,8 @@ mod tests {
         assert_eq!(rdmamig_config_set_protocol_version(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_timeout_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_liveness_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_pin_budget(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_unregister_worker(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);
     }
 }

@@ -12,7 +12,8 @@ use super::last_error::{
 };
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Destination, Ending, Read, Source, Stats};
+use crate::engine::{Destination, Ending, Hint, Read, Source, Stats, Unregistration};
+use std::sync::Arc;
 
 /// One end of a migration connection: a source (made by `rdmamig_connect`)
 /// or a destination (made by `rdmamig_listener_accept`). A call that does
@@ -55,6 +56,9 @@ pub(crate) struct Conn {
     role: Role,
     /// The message of the last failed call on this connection.
     last_error: Mutex<Option<String>>,
+    /// Keeps the unregistration worker running until `rdmamig_conn_free`,
+    /// so that `rdmamig_conn_close` does not wait for deregistration.
+    _unregistration: Option<Arc<Unregistration>>,
 }
 
 /// `rdmamig_conn_save` runs concurrently on one `&Source`.
@@ -66,7 +70,12 @@ const _: () = {
 
 impl Conn {
     pub(crate) fn new(role: Role) -> Self {
-        Conn { role, last_error: Mutex::new(None) }
+        let unregistration = match &role {
+            Role::Source(s) => s.unregistration(),
+            Role::Destination(d) => d.unregistration(),
+            Role::Closed => None,
+        };
+        Conn { role, last_error: Mutex::new(None), _unregistration: unregistration }
     }
 
     /// Runs `body`; on failure keeps its message here and as the thread's
@@ -357,6 +366,71 @@ pub extern "C" fn rdmamig_conn_save(conn: *const rdmamig_conn, block: u32, offse
         const F: &str = "rdmamig_conn_save";
         let conn = conn_ref!(conn, F);
         conn.run(|c| Ok(c.source(F)?.save(block, offset, length)?))
+    }
+}
+
+/// What `rdmamig_conn_hint` says about a range of guest RAM.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum rdmamig_hint {
+    /// No hint (the default): least recently used chunks are unpinned first.
+    RDMAMIG_HINT_NORMAL = 0,
+    /// Not sent again soon (balloon-inflated, read-only or discarded
+    /// ranges): unpinned before any other chunk.
+    RDMAMIG_HINT_COLD = 1,
+    /// Sent again soon: kept pinned while any other chunk can be unpinned.
+    RDMAMIG_HINT_HOT = 2,
+}
+
+/// Source: hints how `length` bytes at `offset` of block `block` will be
+/// sent (`hint`, an `rdmamig_hint` value), for choosing which 1 MiB chunks
+/// to unpin when the pin budget is full (see
+/// `rdmamig_config_set_pin_budget`). A hint covers every chunk the range
+/// touches, lasts until another hint for the chunk, also applies to chunks
+/// pinned later, and takes effect in order with `rdmamig_conn_save` calls.
+/// An unknown `hint` or a range outside the block gives
+/// `RDMAMIG_ERR_INVALID_ARGUMENT`; a destination gives `RDMAMIG_ERR_STATE`
+/// (only a source chooses what to unpin).
+///
+/// Thread safety: as `rdmamig_conn_save`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_hint(
+    conn: *const rdmamig_conn,
+    block: u32,
+    offset: u64,
+    length: u64,
+    hint: u32,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_hint";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
+            let source = c.source(F)?;
+            let hint = match hint {
+                h if h == rdmamig_hint::RDMAMIG_HINT_NORMAL as u32 => Hint::Normal,
+                h if h == rdmamig_hint::RDMAMIG_HINT_COLD as u32 => Hint::Cold,
+                h if h == rdmamig_hint::RDMAMIG_HINT_HOT as u32 => Hint::Hot,
+                other => return Err(Failure::invalid(format!("{F}: unknown hint {other}"))),
+            };
+            Ok(source.hint(block, offset, length, hint)?)
+        })
+    }
+}
+
+/// Waits until every registration queued for the unregistration worker (by
+/// any connection of the process) is deregistered: after it, the memory
+/// closed connections had pinned is unpinned. Returns at once when no worker
+/// runs.
+///
+/// Thread safety: may be called from any thread at any time.
+#[no_mangle]
+pub extern "C" fn rdmamig_unregister_flush() -> rdmamig_status {
+    ffi_boundary! {
+        if let Some(worker) = Unregistration::running() {
+            worker.flush();
+        }
+        rdmamig_status::RDMAMIG_OK
     }
 }
 

@@ -50,9 +50,41 @@ pub struct rdmamig_stats {
     pub iteration_end_ns: u64,
     /// Device-state stream bytes sent (source) or received (destination).
     pub stream_bytes: u64,
+    /// Version 2 (`RDMAMIG_STATS_SIZE_V2`) adds the pinning counters below.
+    /// The pin budget this side keeps `pinned_bytes` under (`UINT64_MAX`:
+    /// unlimited; see `rdmamig_config_set_pin_budget`).
+    pub pin_budget: u64,
+    /// The memory limit of this process's cgroup (`UINT64_MAX`: none or unknown).
+    pub cgroup_memory_limit: u64,
+    /// Registrations dropped to stay under a pin budget (source: chunks
+    /// unpinned here, with the destination's registration when the peer is
+    /// rdmamig; destination: registrations the source unregistered).
+    pub unpins: u64,
+    /// Of those, registrations of ranges hinted `RDMAMIG_HINT_COLD`.
+    pub unpins_cold: u64,
+    /// Registrations retried after the kernel refused them (ENOMEM, EPERM).
+    pub registration_retries: u64,
+    /// Time spent waiting for released memory to be deregistered before a
+    /// registration fit the budget, in nanoseconds.
+    pub pin_wait_ns: u64,
+    /// Registrations queued for the unregistration worker and not yet deregistered.
+    pub unregister_queue_depth: u64,
+    /// How registered memory survives `fork()`: 0 the kernel copies pinned
+    /// pages for the child (Linux >= 5.13), 1 rdma-core's fork support is on
+    /// (`ibv_fork_init`), 2 neither: a forked child that shares registered
+    /// pages can make transfers read stale memory.
+    pub fork_mode: u64,
+    /// Pin-all: bytes of guest RAM pre-faulted for registration so far.
+    pub pin_all_progress_bytes: u64,
 }
 
-const _: () = assert!(size_of::<rdmamig_stats>() == RDMAMIG_STATS_SIZE_V1 as usize);
+/// The size of the second version of `rdmamig_stats` (every field up to
+/// `pin_all_progress_bytes`).
+pub const RDMAMIG_STATS_SIZE_V2: u32 = 160;
+
+const _: () = assert!(size_of::<rdmamig_stats>() == RDMAMIG_STATS_SIZE_V2 as usize);
+// Every engine counter has its field (the names are checked by `fill`).
+const _: () = assert!(size_of::<rdmamig_stats>() == 8 + 8 * crate::engine::stats::STATS_FIELDS);
 
 /// Fills `out` with the connection's counters (see `rdmamig_stats`): set
 /// `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
@@ -99,7 +131,7 @@ pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rd
 unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
     let mut filled = size_of::<u32>();
     macro_rules! fill {
-        ($($field:ident),* $(,)?) => {$(
+        ($($(#[$doc:meta])* $field:ident,)*) => {$(
             let end = offset_of!(rdmamig_stats, $field) + size_of::<u64>();
             if end <= size as usize {
                 addr_of_mut!((*out).$field).write(s.$field);
@@ -107,18 +139,7 @@ unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
             }
         )*};
     }
-    fill!(
-        bytes_written,
-        chunks_registered,
-        zero_chunks,
-        registration_round_trips,
-        pinned_bytes,
-        pinned_bytes_peak,
-        control_messages,
-        iterations,
-        iteration_end_ns,
-        stream_bytes,
-    );
+    crate::engine::stats::stats_fields!(fill);
     addr_of_mut!((*out).size).write(filled as u32);
 }
 
@@ -144,16 +165,27 @@ mod tests {
 
     #[test]
     fn fill_writes_what_fits() {
-        let stats = Stats { bytes_written: 1, stream_bytes: 10, ..Default::default() };
-        // A caller with a newer, bigger struct: the tail is left alone.
-        let mut buf = [0x55u64; 13];
+        let stats = Stats { bytes_written: 1, stream_bytes: 10, fork_mode: 2, ..Default::default() };
+        // A caller built against the first header: nothing past its struct is written.
+        let mut buf = [0x55u64; 22];
         let out = buf.as_mut_ptr().cast::<rdmamig_stats>();
-        unsafe { fill(out, 104, &stats) };
+        unsafe { fill(out, RDMAMIG_STATS_SIZE_V1, &stats) };
+        assert_eq!(buf[0] as u32, RDMAMIG_STATS_SIZE_V1);
+        assert_eq!((buf[1], buf[10]), (1, 10));
+        assert_eq!(&buf[11..], &[0x55u64; 11]);
+        // A caller with a newer, bigger struct: the tail is left alone.
+        unsafe { fill(out, 176, &stats) };
         let got = unsafe { *out };
         assert_eq!(
             got,
-            rdmamig_stats { size: RDMAMIG_STATS_SIZE_V1, bytes_written: 1, stream_bytes: 10, ..Default::default() }
+            rdmamig_stats {
+                size: RDMAMIG_STATS_SIZE_V2,
+                bytes_written: 1,
+                stream_bytes: 10,
+                fork_mode: 2,
+                ..Default::default()
+            }
         );
-        assert_eq!(&buf[11..], &[0x55u64; 2]);
+        assert_eq!(buf[21], 0x55);
     }
 }

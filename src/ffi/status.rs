@@ -66,12 +66,17 @@ pub enum rdmamig_status {
     RDMAMIG_END_UNVERIFIED = 17,
     /// The wait was cancelled (`rdmamig_listener_cancel`).
     RDMAMIG_ERR_CANCELLED = 18,
+    /// Guest memory could not be registered within the pin budget
+    /// (`rdmamig_config_set_pin_budget`) or the kernel's memlock limit, even
+    /// after unpinning what could be; or, on a destination, the source asked
+    /// to pin more than the destination's budget.
+    RDMAMIG_ERR_PIN_BUDGET = 19,
 }
 
 impl rdmamig_status {
     /// Every value, in numeric order. Keep in step with the enum (a unit test
     /// compares it with the header).
-    pub(crate) const ALL: [rdmamig_status; 19] = {
+    pub(crate) const ALL: [rdmamig_status; 20] = {
         use rdmamig_status::*;
         [
             RDMAMIG_OK,
@@ -93,6 +98,7 @@ impl rdmamig_status {
             RDMAMIG_END_COMPLETED,
             RDMAMIG_END_UNVERIFIED,
             RDMAMIG_ERR_CANCELLED,
+            RDMAMIG_ERR_PIN_BUDGET,
         ]
     };
 
@@ -128,6 +134,7 @@ impl rdmamig_status {
                 c"peer closed the connection without a completion handshake: the stream must prove completeness"
             }
             RDMAMIG_ERR_CANCELLED => c"cancelled",
+            RDMAMIG_ERR_PIN_BUDGET => c"pin budget exceeded",
         }
     }
 }
@@ -149,6 +156,7 @@ impl From<ErrorKind> for rdmamig_status {
             ErrorKind::Aborted => RDMAMIG_ERR_ABORTED,
             ErrorKind::State => RDMAMIG_ERR_STATE,
             ErrorKind::Cancelled => RDMAMIG_ERR_CANCELLED,
+            ErrorKind::PinBudget => RDMAMIG_ERR_PIN_BUDGET,
         }
     }
 }
@@ -235,6 +243,7 @@ mod tests {
             Aborted,
             State,
             Cancelled,
+            PinBudget,
         ];
         let mut seen = std::collections::HashSet::new();
         for k in kinds {

@@ -6,6 +6,33 @@ use std::sync::Arc;
 
 use super::{sys, CmId, Result, Sge, VerbsError};
 
+/// How registered memory survives the process's `fork()` (rdma-core's `enum ibv_fork_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForkMode {
+    /// The kernel copies pinned pages into the child at fork (Linux >= 5.13): nothing to do.
+    Unneeded = 0,
+    /// rdma-core marks registered ranges MADV_DONTFORK (`ibv_fork_init`).
+    Enabled = 1,
+    /// Neither: a child that shares registered pages copy-on-write can make the
+    /// parent's page move away from the NIC's DMA target.
+    Disabled = 2,
+}
+
+/// Makes registrations fork-safe where the kernel does not: `ibv_fork_init()`
+/// unless rdma-core reports copy-on-fork (or fork support is already on).
+/// Process-wide, and effective only before the process's first verbs object.
+pub fn fork_init() -> ForkMode {
+    // SAFETY: both calls take no arguments and only read or set rdma-core's process state.
+    unsafe {
+        match sys::ibv_is_fork_initialized() {
+            sys::IBV_FORK_UNNEEDED => ForkMode::Unneeded,
+            sys::IBV_FORK_ENABLED => ForkMode::Enabled,
+            _ if sys::ibv_fork_init() == 0 => ForkMode::Enabled,
+            _ => ForkMode::Disabled,
+        }
+    }
+}
+
 /// A protection domain (`ibv_pd`) on the device of a [`CmId`]. Deallocated
 /// on drop, after every MR and QP using it (they hold an `Arc`).
 pub struct ProtectionDomain {

@@ -47,7 +47,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
 pub use device::{device_names, Context};
-pub use mem::{Access, MemoryRegion, ProtectionDomain};
+pub use mem::{fork_init, Access, ForkMode, MemoryRegion, ProtectionDomain};
 pub use qp::{QpCaps, QueuePair, Sge};
 
 /// A failed verbs/rdma_cm call: which function, and the errno it reported.

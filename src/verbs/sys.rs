@@ -36,6 +36,11 @@ macro_rules! opaque {
     )*};
 }
 
+/// `enum ibv_fork_status`.
+pub const IBV_FORK_DISABLED: c_int = 0;
+pub const IBV_FORK_ENABLED: c_int = 1;
+pub const IBV_FORK_UNNEEDED: c_int = 2;
+
 opaque!(ibv_device, ibv_pd, ibv_cq, ibv_qp, ibv_srq, ibv_ah, ibv_mw);
 
 // ---------------------------------------------------------------- libibverbs
@@ -240,6 +245,9 @@ extern "C" {
     /// when no `IBV_ACCESS_OPTIONAL_RANGE` flag is passed, as here).
     pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: size_t, access: c_int) -> *mut ibv_mr;
     pub fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+    pub fn ibv_fork_init() -> c_int;
+    /// Returns an `enum ibv_fork_status` (`IBV_FORK_*`).
+    pub fn ibv_is_fork_initialized() -> c_int;
 
     pub fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel;
     pub fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int;

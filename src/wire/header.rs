@@ -52,6 +52,38 @@ impl Capabilities {
     }
 }
 
+/// rdmamig extension: a destination that grants `CAP_RDMAMIG_EXT` appends its
+/// pin budget to the capabilities in its accept private data (bytes 8..16,
+/// big-endian u64; 0: none announced), so the source plans its registrations
+/// within it. A QEMU source, which is never granted the extension, never sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcceptData {
+    pub caps: Capabilities,
+    /// Bytes the destination lets the source keep registered; `None`: unlimited.
+    pub pin_budget: Option<u64>,
+}
+
+impl AcceptData {
+    pub const LEN: usize = Capabilities::LEN + 8;
+
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.caps.encode());
+        out[8..].copy_from_slice(&self.pin_budget.unwrap_or(0).to_be_bytes());
+        out
+    }
+
+    /// The capabilities, and the budget if the buffer is long enough to hold one.
+    pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
+        let caps = Capabilities::decode(buf)?;
+        let pin_budget = buf
+            .get(Capabilities::LEN..Self::LEN)
+            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+            .filter(|&b| b != 0);
+        Ok(AcceptData { caps, pin_budget })
+    }
+}
+
 /// Control message types: the 0-based wire values of QEMU's enum (§2.2).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -28,7 +28,7 @@ mod tests;
 
 pub use entry::{BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
 pub use error::{DecodeError, EncodeError};
-pub use header::{decode_header, encode_header, Capabilities, CommandType, ControlHeader};
+pub use header::{decode_header, encode_header, AcceptData, Capabilities, CommandType, ControlHeader};
 pub use message::{decode_message, Entries, Message, MessageWriter};
 
 /// Size of the control header.

@@ -662,3 +662,19 @@ fn check_any(b: &[u8]) {
         }
     }
 }
+
+#[test]
+fn accept_data_carries_the_pin_budget() {
+    let a = AcceptData { caps: Capabilities::v1(CAP_RDMAMIG_EXT), pin_budget: Some(64 << 20) };
+    let bytes = a.encode();
+    assert_eq!(&bytes[..8], &[0, 0, 0, 1, 0x80, 0, 0, 0]);
+    assert_eq!(&bytes[8..], &(64u64 << 20).to_be_bytes());
+    assert_eq!(AcceptData::decode(&bytes), Ok(a));
+    // rdma_cm pads private data with zeros: an older destination announces nothing.
+    let mut padded = [0u8; 196];
+    padded[..8].copy_from_slice(&a.caps.encode());
+    assert_eq!(AcceptData::decode(&padded), Ok(AcceptData { caps: a.caps, pin_budget: None }));
+    // QEMU's 8 bytes alone.
+    assert_eq!(AcceptData::decode(&bytes[..8]), Ok(AcceptData { caps: a.caps, pin_budget: None }));
+    assert!(AcceptData::decode(&bytes[..7]).is_err());
+}

@@ -87,6 +87,8 @@ impl ControlBuffer {
 
 pub(crate) struct Link {
     pub negotiated: Negotiated,
+    /// The pin budget an rdmamig destination announced (source side).
+    pub peer_pin_budget: Option<u64>,
     pub timeout: Duration,
     liveness: Option<Duration>,
     /// When the outstanding liveness probe was posted.
@@ -137,6 +139,7 @@ impl Link {
         let send = ControlBuffer::new(&pd)?;
         Ok(Link {
             negotiated,
+            peer_pin_budget: None,
             timeout: config.timeout,
             liveness: config.liveness,
             probe_posted: None,
@@ -369,9 +372,9 @@ impl Link {
         &mut self,
         slot: usize,
         expect: CommandType,
+        deadline: Option<Instant>,
         f: impl FnOnce(&Message) -> Result<R>,
     ) -> Result<R> {
-        let deadline = self.deadline();
         self.take(slot, deadline, |m| {
             if m.kind != expect {
                 return Err(Error::new(
@@ -386,7 +389,8 @@ impl Link {
     /// Sender side: take the peer's READY if one is owed to us.
     fn take_ready(&mut self) -> Result<()> {
         if self.ready_expected {
-            self.take_expected(INCOMING, CommandType::Ready, |_| Ok(()))?;
+            let deadline = self.deadline();
+            self.take_expected(INCOMING, CommandType::Ready, deadline, |_| Ok(()))?;
             self.ready_expected = false;
         }
         Ok(())
@@ -413,13 +417,38 @@ impl Link {
         expect: CommandType,
         f: impl FnOnce(&Message) -> Result<R>,
     ) -> Result<R> {
+        let deadline = self.deadline();
+        self.request_by(deadline, kind, build, expect, f)
+    }
+
+    /// As [`request`](Self::request), but the response may take as long as
+    /// the peer needs while it stays alive (liveness): for work on the peer
+    /// that can outlast a network wait, such as pinning all guest RAM.
+    pub fn request_patiently<R>(
+        &mut self,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+        expect: CommandType,
+        f: impl FnOnce(&Message) -> Result<R>,
+    ) -> Result<R> {
+        self.request_by(None, kind, build, expect, f)
+    }
+
+    fn request_by<R>(
+        &mut self,
+        deadline: Option<Instant>,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+        expect: CommandType,
+        f: impl FnOnce(&Message) -> Result<R>,
+    ) -> Result<R> {
         self.take_ready()?;
         // The response lands in the first RECV posted, the next READY in the second.
         self.post_recv(RESPONSE)?;
         self.post_recv(INCOMING)?;
         self.send(kind, build)?;
         self.ready_expected = true;
-        self.take_expected(RESPONSE, expect, f)
+        self.take_expected(RESPONSE, expect, deadline, f)
     }
 
     /// Receiver side: grant one credit (READY) and wait, without a deadline,
@@ -454,6 +483,19 @@ impl Link {
         self.qp.post_write(WRID_WRITE | seq, sge, remote_addr, rkey, signaled)?;
         self.writes_posted = seq;
         Ok(seq)
+    }
+
+    /// Waits until every write posted so far has completed: posts a
+    /// signalled zero-length write behind them (completions are in order)
+    /// unless they are known complete already.
+    pub fn fence(&mut self) -> Result<()> {
+        if self.writes_completed >= self.writes_posted {
+            return Ok(());
+        }
+        let seq = self.writes_posted + 1;
+        self.qp.post_zero_write(WRID_WRITE | seq, true)?;
+        self.writes_posted = seq;
+        self.wait_write(seq)
     }
 
     /// Writes known to be complete: every write up to this sequence number.

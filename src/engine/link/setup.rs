@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
+use crate::engine::pin;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
-use crate::wire::{Capabilities, CAP_PIN_ALL, CAP_RDMAMIG_EXT};
+use crate::wire::{AcceptData, Capabilities, CAP_PIN_ALL, CAP_RDMAMIG_EXT};
 use crate::{Error, ErrorKind, Result};
 
 /// QEMU's bound for address and route resolution; the config's timeout may shorten it.
@@ -28,9 +29,12 @@ pub struct Negotiated {
 }
 
 impl Negotiated {
-    /// What `config` offers (source) or allows (destination).
-    fn offered(config: &Config) -> Self {
-        Negotiated { pin_all: config.pin_all, extensions: config.extensions }
+    /// What `config` offers (source) or allows (destination): pin-all only
+    /// if the pin budget holds all `ram_bytes` of guest RAM (else this side
+    /// registers dynamically, as QEMU does when its peer refuses pin-all).
+    fn offered(config: &Config, ram_bytes: u64) -> Self {
+        let fits = pin::budget_for(config).is_none_or(|b| ram_bytes <= b);
+        Negotiated { pin_all: config.pin_all && fits, extensions: config.extensions }
     }
 
     /// Keeps what both this and the peer's capability flags have.
@@ -47,8 +51,10 @@ impl Negotiated {
 }
 
 impl Link {
-    /// Source side: resolve `host:port`, connect, and negotiate capabilities.
-    pub fn connect(host: &str, port: u16, config: &Config, counters: Arc<Counters>) -> Result<Link> {
+    /// Source side: resolve `host:port`, connect, and negotiate capabilities
+    /// for `ram_bytes` of guest RAM.
+    pub fn connect(host: &str, port: u16, config: &Config, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
+        pin::fork_mode();
         let deadline = Instant::now() + config.timeout;
         let addrs = resolve(host, port, config.timeout)?;
         let channel = EventChannel::new()?;
@@ -73,7 +79,7 @@ impl Link {
         id.resolve_route(resolve_timeout_ms(deadline))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline)?;
 
-        let offered = Negotiated::offered(config);
+        let offered = Negotiated::offered(config, ram_bytes);
         let mut link = Link::new(id, offered, config, counters)?;
         // QEMU posts the READY receive before connecting: the destination may SEND at once.
         link.post_recv(INCOMING)?;
@@ -88,12 +94,16 @@ impl Link {
         let event = wait_event(&channel, deadline)?;
         match event.kind() {
             CmEventKind::Established => {
-                let reply = Capabilities::decode(event.private_data()).map_err(protocol_error)?;
+                let accepted = AcceptData::decode(event.private_data()).map_err(protocol_error)?;
+                let reply = accepted.caps;
                 if reply.version != config.protocol_version {
                     return Err(version_error(config.protocol_version, reply.version));
                 }
                 // The destination clears what it does not support; we turn those features off.
                 link.negotiated = offered.masked(reply.flags);
+                if link.negotiated.extensions {
+                    link.peer_pin_budget = accepted.pin_budget;
+                }
                 Ok(link)
             }
             // Our destination rejects a version it does not speak with its own
@@ -111,8 +121,14 @@ impl Link {
         }
     }
 
-    /// Destination side: accept one connection request from `listener`.
-    pub fn accept(listener: &Listener, counters: Arc<Counters>, timeout: Option<Duration>) -> Result<Link> {
+    /// Destination side: accept one connection request from `listener`, for
+    /// `ram_bytes` of guest RAM.
+    pub fn accept(
+        listener: &Listener,
+        ram_bytes: u64,
+        counters: Arc<Counters>,
+        timeout: Option<Duration>,
+    ) -> Result<Link> {
         let config = &listener.config;
         let event = listener.next_event(timeout)?;
         if event.kind() != CmEventKind::ConnectRequest {
@@ -141,7 +157,7 @@ impl Link {
             let _ = id.reject(&ours.encode());
             return Err(version_error(config.protocol_version, request.version));
         }
-        let negotiated = Negotiated::offered(config).masked(request.flags);
+        let negotiated = Negotiated::offered(config, ram_bytes).masked(request.flags);
         let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters));
         let mut link = match link {
             Ok(link) => link,
@@ -152,8 +168,11 @@ impl Link {
         };
         // Masking unknown flags is the whole negotiation: echo what we kept.
         let reply = Capabilities { version: request.version, flags: negotiated.flags() };
+        // An rdmamig source also learns the budget it must plan within; QEMU gets its 8 bytes.
+        let data = AcceptData { caps: reply, pin_budget: pin::budget_for(config) }.encode();
+        let data = if negotiated.extensions { &data[..] } else { &data[..Capabilities::LEN] };
         link.id.accept(&ConnParam {
-            private_data: &reply.encode(),
+            private_data: data,
             responder_resources: 2,
             initiator_depth: 0,
             retry_count: RETRY_COUNT,
@@ -245,6 +264,7 @@ pub struct Listener {
 impl Listener {
     /// Listens on `host:port` (a name, an IPv4 or an IPv6 address; port 0 picks one).
     pub fn bind(host: &str, port: u16, config: &Config) -> Result<Listener> {
+        pin::fork_mode();
         let addrs = resolve(host, port, config.timeout)?;
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;

@@ -1,26 +1,23 @@
-//! The source side: a hypervisor thread hands RAM ranges and stream bytes to
-//! the transfer thread through a lock-free queue; the transfer thread owns the
-//! connection, registers chunks, posts RDMA WRITEs and sends control messages.
+//! The source's transfer thread: merges saved ranges into writes, registers
+//! chunks on both sides (see `chunks` for the budgets), posts RDMA WRITEs
+//! within in-flight limits and sends the control messages.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::thread::{self, JoinHandle, Thread};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread;
 
-use crossbeam_queue::ArrayQueue;
-use parking_lot::RwLock;
-
-use crate::engine::link::{protocol_error as protocol, Link, Negotiated};
+use super::chunks::{ChunkKey, ChunkState};
+use super::{Command, Shared};
+use crate::engine::link::{protocol_error as protocol, Link};
+use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
 use crate::engine::ram::{chunk_of, RamBlocks};
-use crate::engine::stats::{Counters, Stats};
-use crate::engine::sync::{Done, StickyError};
+use crate::engine::stats::Counters;
 use crate::engine::validate::MAX_COMPRESS_BYTES;
-use crate::engine::{is_zero, Config, Ending};
+use crate::engine::{is_zero, Config};
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, EndSummary, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_PAYLOAD,
-    MAX_REPEAT, SEND_INCREMENT,
+    BlockSpec, CommandType, Compress, DestBlock, EndSummary, RegisterRequest, RegisterResult, CHUNK_SIZE,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -32,300 +29,51 @@ const MAX_INFLIGHT_WRITES: usize = 256;
 const SIGNAL_EVERY: u64 = 16;
 const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
 /// Chunks per REGISTER_REQUEST toward an rdmamig peer (QEMU takes one).
-const REGISTER_BATCH: usize = 256;
+pub(super) const REGISTER_BATCH: usize = 256;
 /// Largest single RDMA WRITE when both sides registered whole blocks (rdmamig peers).
 const LARGE_WRITE: u64 = 4 << 20;
 /// Ranges being merged at once: saves from several hypervisor threads interleave.
 const MERGE_SLOTS: usize = 4;
 /// Zero ranges per COMPRESS message toward an rdmamig peer (QEMU applies one).
 const ZERO_BATCH: usize = 1024;
-/// Commands queued at most: `save` waits for room rather than let memory grow
-/// with the guest when the transfer thread falls behind.
-const QUEUE_CAPACITY: usize = 1 << 16;
-
-enum Command {
-    Save {
-        block: u32,
-        offset: u64,
-        len: u64,
-    },
-    Stream(Vec<u8>),
-    /// Everything queued before has been sent.
-    Sync(Arc<Done>),
-    /// Close the window: all writes complete, then REGISTER_FINISHED.
-    EndIteration(Arc<Done>),
-    /// The completion handshake (rdmamig peers): END, then wait for END_ACK.
-    End(Arc<Done>),
-}
-
-impl Command {
-    fn done(&self) -> Option<&Arc<Done>> {
-        match self {
-            Command::Sync(d) | Command::EndIteration(d) | Command::End(d) => Some(d),
-            _ => None,
-        }
-    }
-}
-
-struct Shared {
-    queue: ArrayQueue<Command>,
-    engine: OnceLock<Thread>,
-    error: StickyError,
-    counters: Arc<Counters>,
-    closing: AtomicBool,
-}
-
-impl Shared {
-    /// Queues `cmd`, waiting while the queue is full; fails with the stored
-    /// error if the transfer thread has stopped.
-    fn push(&self, mut cmd: Command) -> Result<()> {
-        loop {
-            self.error.check()?;
-            match self.queue.push(cmd) {
-                Ok(()) => break,
-                Err(back) => {
-                    cmd = back;
-                    self.wake();
-                    thread::sleep(std::time::Duration::from_micros(50));
-                }
-            }
-        }
-        self.wake();
-        Ok(())
-    }
-
-    fn wake(&self) {
-        if let Some(t) = self.engine.get() {
-            t.unpark();
-        }
-    }
-}
-
-/// The source end of a migration connection.
-///
-/// Thread safety: `save` may be called from several threads at once, and
-/// alongside `iteration_end`; the other methods take `&mut self` and so run
-/// from one thread at a time.
-pub struct Source {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-    ram: RamBlocks,
-    negotiated: Negotiated,
-    stop: Arc<AtomicBool>,
-    /// Whether an iteration window is open. `save` holds it shared while it
-    /// checks and queues, `iteration_end` exclusively while it closes the
-    /// window, so a save is either queued before REGISTER_FINISHED or refused.
-    in_window: RwLock<bool>,
-    outgoing: Vec<u8>,
-}
-
-impl Source {
-    /// Connects to a destination listening on `host:port` and starts the transfer thread.
-    pub fn connect(host: &str, port: u16, config: &Config, ram: &RamBlocks) -> Result<Source> {
-        if ram.is_empty() {
-            return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
-        }
-        let counters = Arc::new(Counters::default());
-        let link = Link::connect(host, port, config, counters.clone())?;
-        let shared = Arc::new(Shared {
-            queue: ArrayQueue::new(QUEUE_CAPACITY),
-            engine: OnceLock::new(),
-            error: StickyError::default(),
-            counters,
-            closing: AtomicBool::new(false),
-        });
-        let negotiated = link.negotiated;
-        let stop = link.stop.clone();
-        let engine = Engine::new(link, ram.clone(), shared.clone());
-        let thread = thread::Builder::new()
-            .name("rdmamig-source".into())
-            .spawn(move || engine.run())
-            .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
-        let _ = shared.engine.set(thread.thread().clone());
-        Ok(Source {
-            shared,
-            thread: Some(thread),
-            ram: ram.clone(),
-            negotiated,
-            stop,
-            in_window: RwLock::new(false),
-            outgoing: Vec::new(),
-        })
-    }
-
-    /// What the two sides agreed on (pin-all, rdmamig extensions).
-    pub fn negotiated(&self) -> Negotiated {
-        self.negotiated
-    }
-
-    /// Opens an iteration window: `save` calls are legal until `iteration_end`.
-    /// Stream bytes `put` so far go out first (a QEMU destination must see the
-    /// hook marker before any registration message). The first window also
-    /// exchanges the RAM-block lists.
-    pub fn iteration_begin(&mut self) -> Result<()> {
-        self.shared.error.check()?;
-        if *self.in_window.get_mut() {
-            return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
-        }
-        self.queue_stream(true)?;
-        *self.in_window.get_mut() = true;
-        Ok(())
-    }
-
-    /// Queues `len` bytes at `offset` of block `block` for transfer and returns at once.
-    pub fn save(&self, block: u32, offset: u64, len: u64) -> Result<()> {
-        self.shared.error.check()?;
-        self.ram.get(block)?.check_range(offset, len)?;
-        let in_window = self.in_window.read();
-        if !*in_window {
-            return Err(Error::new(ErrorKind::State, "save outside an iteration window"));
-        }
-        if len > 0 {
-            self.shared.push(Command::Save { block, offset, len })?;
-        }
-        Ok(())
-    }
-
-    /// Closes the window: waits until every write of it has completed, then
-    /// tells the destination (REGISTER_FINISHED). May race `save` calls from
-    /// other threads: each is queued before REGISTER_FINISHED or refused.
-    pub fn iteration_end(&self) -> Result<()> {
-        // Waits for saves still queueing; later ones see the window closed.
-        if !std::mem::replace(&mut *self.in_window.write(), false) {
-            return Err(Error::new(ErrorKind::State, "no iteration window is open"));
-        }
-        let start = Instant::now();
-        let r = self.call(Command::EndIteration);
-        Counters::add(&self.shared.counters.iteration_end_ns, start.elapsed().as_nanos() as u64);
-        r
-    }
-
-    /// Appends device-state bytes to the stream (sent in QEMU_FILE messages).
-    /// Inside an iteration window they are held back until the window ends:
-    /// QEMU's destination accepts no stream message inside one.
-    pub fn put(&mut self, data: &[u8]) -> Result<()> {
-        self.shared.error.check()?;
-        self.outgoing.extend_from_slice(data);
-        if !*self.in_window.get_mut() {
-            self.queue_stream(false)?;
-        }
-        Ok(())
-    }
-
-    /// Sends every byte `put` so far and waits until it is out. Not inside an
-    /// iteration window (see `put`).
-    pub fn flush(&mut self) -> Result<()> {
-        if *self.in_window.get_mut() {
-            return Err(Error::new(ErrorKind::State, "flush inside an iteration window: end the window first"));
-        }
-        self.queue_stream(true)?;
-        self.call(Command::Sync)
-    }
-
-    /// Queues the buffered stream bytes as messages: whole pieces only, or all.
-    fn queue_stream(&mut self, all: bool) -> Result<()> {
-        let piece = if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT };
-        let whole = if all { self.outgoing.len() } else { self.outgoing.len() / piece * piece };
-        for chunk in self.outgoing[..whole].chunks(piece) {
-            self.shared.push(Command::Stream(chunk.to_vec()))?;
-        }
-        self.outgoing.drain(..whole);
-        Ok(())
-    }
-
-    pub fn stats(&self) -> Stats {
-        self.shared.counters.snapshot()
-    }
-
-    /// The stored error, if the connection failed.
-    pub fn error(&self) -> Option<Error> {
-        self.shared.error.get()
-    }
-
-    /// Aborts the migration: every later call fails with `Aborted` at once;
-    /// the transfer thread sends ERROR and tears down.
-    pub fn abort(&self) {
-        self.shared.error.set(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.shared.engine.get() {
-            t.unpark();
-        }
-    }
-
-    /// Ends an open window, flushes the stream, waits for queued work, and
-    /// disconnects. With an rdmamig destination it first runs the completion
-    /// handshake: [`Ending::Completed`] means the destination checked and
-    /// acknowledged that it has everything. A QEMU destination has no
-    /// handshake: [`Ending::Unverified`] means everything was sent and every
-    /// write completed, but only QEMU itself knows whether it loaded it.
-    pub fn close(mut self) -> Result<Ending> {
-        let r = if *self.in_window.get_mut() { self.iteration_end() } else { Ok(()) };
-        let r = r.and_then(|()| self.flush()).and_then(|()| {
-            if self.negotiated.extensions {
-                self.call(Command::End).map(|()| Ending::Completed)
-            } else {
-                Ok(Ending::Unverified)
-            }
-        });
-        self.shutdown();
-        r
-    }
-
-    fn call(&self, make: impl FnOnce(Arc<Done>) -> Command) -> Result<()> {
-        let done = Arc::new(Done::default());
-        self.shared.push(make(done.clone()))?;
-        done.wait(|| self.shared.error.get())
-    }
-
-    fn shutdown(&mut self) {
-        self.shared.closing.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Source {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
 
 /// A contiguous range within one write unit (a chunk, or a larger span with pin-all).
 #[derive(Clone, Copy, Debug)]
-struct Piece {
-    block: u32,
-    offset: u64,
-    len: u64,
+pub(super) struct Piece {
+    pub block: u32,
+    pub offset: u64,
+    pub len: u64,
     /// End of the write unit: the piece may grow up to here.
     limit: u64,
 }
 
-#[derive(Default)]
-struct ChunkState {
-    remote_rkey: Option<u32>,
-    /// Asked for in the next REGISTER_REQUEST.
-    awaiting: bool,
-    local: Option<MemoryRegion>,
-}
-
-struct BlockState {
+pub(super) struct BlockState {
     /// The destination's host address of the block start, and its offset in its RAM address space.
     remote_base: u64,
     dest_offset: u64,
     /// Pin-all: whole-block keys on both sides.
     remote_rkey: Option<u32>,
     local: Option<MemoryRegion>,
-    chunks: Vec<ChunkState>,
+    pub chunks: Vec<ChunkState>,
 }
 
-struct Engine {
-    link: Link,
-    ram: RamBlocks,
-    shared: Arc<Shared>,
-    blocks: Vec<BlockState>,
+pub(super) struct Engine {
+    pub link: Link,
+    pub ram: RamBlocks,
+    pub shared: Arc<Shared>,
+    pub blocks: Vec<BlockState>,
     blocks_exchanged: bool,
+    pub pins: Pins,
+    /// Pin-all registrations under way (started at connect).
+    pin_all: Option<PinAll>,
+    /// Pinned chunks in the order they are unpinned.
+    pub lru: Lru<ChunkKey>,
+    /// The destination's budget (rdmamig peers that announced one) and the
+    /// bytes of chunks registered there.
+    pub remote_budget: Option<u64>,
+    pub remote_pinned: u64,
+    /// Chunks unpinned whose destination registration is still to be released.
+    pub to_unregister: Vec<ChunkKey>,
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
     /// Zero ranges for the next COMPRESS message (rdmamig peers only), and their bytes.
@@ -333,7 +81,7 @@ struct Engine {
     zero_bytes: u64,
     /// Writes waiting for their chunk's registration, in arrival order.
     deferred: Vec<Piece>,
-    to_register: Vec<(u32, usize)>,
+    to_register: Vec<ChunkKey>,
     /// (sequence, bytes) of posted writes not known to be complete.
     inflight: VecDeque<(u64, u64)>,
     inflight_bytes: u64,
@@ -343,7 +91,14 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(link: Link, ram: RamBlocks, shared: Arc<Shared>) -> Engine {
+    pub fn new(link: Link, config: &Config, ram: RamBlocks, shared: Arc<Shared>) -> Result<Engine> {
+        let pins = Pins::new(link.pd.clone(), config, shared.counters.clone())?;
+        // Pin-all pins for write, as QEMU does: every page is pinned anyway.
+        let pin_all = match link.negotiated.pin_all {
+            true => Some(pins.pin_all(&ram, Access::LOCAL_WRITE)?),
+            false => None,
+        };
+        let remote_budget = link.peer_pin_budget.filter(|_| link.negotiated.extensions);
         let blocks = ram
             .blocks()
             .iter()
@@ -355,12 +110,18 @@ impl Engine {
                 chunks: (0..b.chunk_count()).map(|_| ChunkState::default()).collect(),
             })
             .collect();
-        Engine {
+        Ok(Engine {
             link,
             ram,
             shared,
             blocks,
             blocks_exchanged: false,
+            pins,
+            pin_all,
+            lru: Lru::default(),
+            remote_budget,
+            remote_pinned: 0,
+            to_unregister: Vec::new(),
             pending: Vec::with_capacity(MERGE_SLOTS),
             zeros: Vec::new(),
             zero_bytes: 0,
@@ -370,10 +131,14 @@ impl Engine {
             inflight_bytes: 0,
             signalled: VecDeque::new(),
             unsignalled: (0, 0),
-        }
+        })
     }
 
-    fn run(mut self) {
+    pub fn unregistration(&self) -> Option<Arc<Unregistration>> {
+        self.pins.worker()
+    }
+
+    pub fn run(mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the transfer thread panicked")));
         let ended = match result {
@@ -392,8 +157,19 @@ impl Engine {
                 d.set(Err(stored.clone()));
             }
         }
-        // Dropping `self` deregisters every MR and destroys the QP, CQ and ids.
-        self.shared.counters.pinned_bytes.store(0, Ordering::Relaxed);
+        // Destroy the QP, CQ and ids, then hand every registration to the worker.
+        let Engine { link, pins, pin_all, blocks, .. } = self;
+        drop(link);
+        let pinned_all = pin_all.map(PinAll::wait).and_then(|r| r.ok()).unwrap_or_default();
+        for block in blocks {
+            let chunks = block.chunks.into_iter().filter_map(|c| c.local.map(|l| l.mr));
+            for mr in block.local.into_iter().chain(chunks) {
+                pins.release(mr);
+            }
+        }
+        for mr in pinned_all {
+            pins.release(mr);
+        }
     }
 
     fn serve(&mut self) -> Result<()> {
@@ -440,6 +216,10 @@ impl Engine {
                 Counters::add(&self.shared.counters.stream_bytes, data.len() as u64);
                 Ok(())
             }
+            Command::Hint { block, offset, len, hint } => {
+                self.hint(block, offset, len, hint);
+                Ok(())
+            }
             Command::Sync(done) => {
                 done.set(Ok(()));
                 Ok(())
@@ -448,6 +228,7 @@ impl Engine {
                 self.exchange_blocks()?;
                 self.flush_pending()?;
                 self.register_deferred()?;
+                self.flush_unregister()?;
                 // The SEND completes after every write posted before it (in-order send queue).
                 self.link.post_message(CommandType::RegisterFinished, |_| Ok(()))?;
                 self.retire_completed();
@@ -473,12 +254,9 @@ impl Engine {
         }
         self.blocks_exchanged = true;
         let pin_all = self.link.negotiated.pin_all;
-        if pin_all {
-            for (b, state) in self.ram.blocks().iter().zip(&mut self.blocks) {
-                // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                state.local =
-                    Some(unsafe { self.link.pd.register(b.host_ptr(0), b.length as usize, Access::LOCAL_WRITE)? });
-                self.shared.counters.pin(b.length);
+        if let Some(job) = self.pin_all.take() {
+            for (mr, state) in job.wait()?.into_iter().zip(&mut self.blocks) {
+                state.local = Some(mr);
             }
         }
         let specs: Vec<BlockSpec> = if self.link.negotiated.extensions {
@@ -491,7 +269,8 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let theirs: Vec<DestBlock> = self.link.request(
+        // With pin-all the destination registers everything before it answers: no network wait's timeout.
+        let theirs: Vec<DestBlock> = self.link.request_patiently(
             CommandType::RamBlocksRequest,
             |w| specs.iter().try_for_each(|s| w.push(s)),
             CommandType::RamBlocksResult,
@@ -606,15 +385,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Chunks per REGISTER_REQUEST: QEMU serves one per message.
-    fn register_batch(&self) -> usize {
-        if self.link.negotiated.extensions {
-            REGISTER_BATCH.min(MAX_REPEAT as usize)
-        } else {
-            1
-        }
-    }
-
     /// Sends the batched zero ranges in one COMPRESS message.
     fn send_zeros(&mut self) -> Result<()> {
         if self.zeros.is_empty() {
@@ -637,14 +407,18 @@ impl Engine {
     }
 
     /// Registers every awaited chunk on the destination (batched toward rdmamig
-    /// peers, one per message toward QEMU), then posts the deferred writes.
-    /// Batched zero ranges go first: a chunk's COMPRESS must precede its writes.
+    /// peers, one per message toward QEMU), posting each batch's deferred
+    /// writes before the next batch may unpin its chunks. Batched zero ranges
+    /// go first: a chunk's COMPRESS must precede its writes.
     fn register_deferred(&mut self) -> Result<()> {
         self.send_zeros()?;
         let batch = self.register_batch();
         while !self.to_register.is_empty() {
             let take = self.to_register.len().min(batch);
-            let chunks: Vec<(u32, usize)> = self.to_register.drain(..take).collect();
+            let chunks: Vec<ChunkKey> = self.to_register.drain(..take).collect();
+            let blocks = self.ram.blocks();
+            let bytes = chunks.iter().map(|&(b, c)| blocks[b as usize].chunk_range(c)).map(|(s, e)| e - s).sum();
+            self.make_remote_room(bytes)?;
             let requests: Vec<RegisterRequest> = chunks
                 .iter()
                 .map(|&(b, c)| RegisterRequest {
@@ -668,43 +442,39 @@ impl Engine {
             self.retire_completed();
             Counters::add(&self.shared.counters.registration_round_trips, 1);
             Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
-            for (&(b, c), r) in chunks.iter().zip(&results) {
-                let block = &mut self.blocks[b as usize];
-                block.remote_base = r.host_addr;
-                block.chunks[c].remote_rkey = Some(r.rkey);
-                block.chunks[c].awaiting = false;
+            for (&key, r) in chunks.iter().zip(&results) {
+                self.blocks[key.0 as usize].remote_base = r.host_addr;
+                self.registered_remotely(key, r.rkey);
             }
-        }
-        for p in std::mem::take(&mut self.deferred) {
-            self.write(p)?;
+            let (ready, waiting): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut self.deferred)
+                .into_iter()
+                .partition(|p| self.blocks[p.block as usize].chunks[chunk_of(p.offset)].remote_rkey.is_some());
+            self.deferred = waiting;
+            for p in ready {
+                self.write(p)?;
+            }
+            for &(b, c) in &chunks {
+                self.blocks[b as usize].chunks[c].awaiting = false;
+            }
         }
         Ok(())
     }
 
-    /// Posts one RDMA WRITE, registering the local chunk on first use.
+    /// Posts one RDMA WRITE, registering the local chunk if needed.
     fn write(&mut self, p: Piece) -> Result<()> {
         self.make_room(p.len)?;
-        let block = &self.ram.blocks()[p.block as usize];
-        let state = &mut self.blocks[p.block as usize];
+        let state = &self.blocks[p.block as usize];
         let (lkey, rkey) = if let (Some(mr), Some(rkey)) = (&state.local, state.remote_rkey) {
             (mr.lkey(), rkey)
         } else {
-            let c = chunk_of(p.offset);
-            let chunk = &mut state.chunks[c];
-            if chunk.local.is_none() {
-                let (start, end) = block.chunk_range(c);
-                // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                chunk.local = Some(unsafe {
-                    self.link.pd.register(block.host_ptr(start), (end - start) as usize, Access::LOCAL_WRITE)?
-                });
-                self.shared.counters.pin(end - start);
-            }
-            let rkey =
-                chunk.remote_rkey.ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
-            (chunk.local.as_ref().map_or(0, |mr| mr.lkey()), rkey)
+            let rkey = state.chunks[chunk_of(p.offset)]
+                .remote_rkey
+                .ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
+            (self.local_key(&p)?, rkey)
         };
+        let block = &self.ram.blocks()[p.block as usize];
         let sge = Sge { addr: block.host_ptr(p.offset) as u64, len: p.len as u32, lkey };
-        let remote = state.remote_base + p.offset;
+        let remote = self.blocks[p.block as usize].remote_base + p.offset;
         let signalled = self.unsignalled.0 + 1 >= SIGNAL_EVERY || self.unsignalled.1 + p.len >= SIGNAL_EVERY_BYTES;
         // SAFETY: `sge` lies in a local MR over guest RAM the hypervisor keeps mapped;
         // `remote` lies in the chunk (or block) the destination registered for `rkey`.
@@ -714,6 +484,9 @@ impl Engine {
             self.signalled.push_back(seq);
         } else {
             self.unsignalled = (self.unsignalled.0 + 1, self.unsignalled.1 + p.len);
+        }
+        if !self.link.negotiated.pin_all {
+            self.blocks[p.block as usize].chunks[chunk_of(p.offset)].last_write = seq;
         }
         self.inflight.push_back((seq, p.len));
         self.inflight_bytes += p.len;

@@ -1,0 +1,203 @@
+//! Pinned memory under a budget: each connection side counts the guest
+//! memory it has registered, refuses or makes room before a registration
+//! would pass its budget, and hands registrations it drops to the
+//! unregistration worker. Which registration to drop is the source's call
+//! ([`Lru`]): only it knows which chunks it will write again.
+
+mod budget;
+mod lru;
+mod pin_all;
+mod unregister;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+pub use lru::{Hint, Lru};
+pub(crate) use pin_all::PinAll;
+pub use unregister::Unregistration;
+
+use crate::engine::ram::RamBlocks;
+use crate::engine::stats::Counters;
+use crate::engine::Config;
+use crate::verbs::{self, Access, ForkMode, MemoryRegion, ProtectionDomain, VerbsError};
+use crate::wire::CONTROL_BUFFER_SIZE;
+use crate::{Error, ErrorKind, Result};
+
+/// What a connection's control channel pins besides guest memory (three
+/// buffers, each possibly straddling one more page than its size), kept out
+/// of a budget derived from RLIMIT_MEMLOCK.
+const CONTROL_PINNED: u64 = 3 * (CONTROL_BUFFER_SIZE as u64 + 2 * 4096);
+
+/// The process's fork safety, settled once before its first verbs object:
+/// `ibv_fork_init()` where the kernel does not copy pinned pages at fork.
+pub fn fork_mode() -> ForkMode {
+    static MODE: OnceLock<ForkMode> = OnceLock::new();
+    *MODE.get_or_init(verbs::fork_init)
+}
+
+/// The budget a connection side keeps: the configured one, within what
+/// RLIMIT_MEMLOCK leaves after the control channel; `None` is unlimited.
+fn effective_budget(configured: Option<u64>, memlock: Option<u64>) -> Option<u64> {
+    let kernel = memlock.map(|m| m.saturating_sub(CONTROL_PINNED));
+    match (configured, kernel) {
+        (Some(c), Some(k)) => Some(c.min(k)),
+        (c, k) => c.or(k),
+    }
+}
+
+/// The budget of a connection side with `config` in this process.
+pub fn budget_for(config: &Config) -> Option<u64> {
+    effective_budget(config.pin_budget, budget::memlock_limit())
+}
+
+/// The error for a failed registration of `len` bytes: `PinBudget` when the
+/// kernel refused to pin (ENOMEM, EPERM: RLIMIT_MEMLOCK), else the verbs error.
+fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
+    if e.errno != libc::ENOMEM && e.errno != libc::EPERM {
+        return e.into();
+    }
+    Error::new(
+        ErrorKind::PinBudget,
+        format!(
+            "the kernel refused to pin {len} more bytes ({e}) with {pinned} pinned: raise `ulimit -l` \
+             (RLIMIT_MEMLOCK) or lower the pin budget"
+        ),
+    )
+}
+
+/// One connection side's registrations of guest memory, counted against its budget.
+pub(crate) struct Pins {
+    pd: Arc<ProtectionDomain>,
+    budget: Option<u64>,
+    counters: Arc<Counters>,
+    /// `None`: deregistration happens inline, on the caller's thread.
+    worker: Option<Arc<Unregistration>>,
+    /// Bytes released to the worker and not yet deregistered (still pinned).
+    releasing: Arc<AtomicU64>,
+}
+
+impl Pins {
+    pub fn new(pd: Arc<ProtectionDomain>, config: &Config, counters: Arc<Counters>) -> Result<Pins> {
+        let budget = budget_for(config);
+        Counters::set(&counters.pin_budget, budget.unwrap_or(u64::MAX));
+        Counters::set(&counters.cgroup_memory_limit, budget::cgroup_memory_limit().unwrap_or(u64::MAX));
+        Counters::set(&counters.fork_mode, fork_mode() as u64);
+        let worker = if config.unregister_worker { Some(Unregistration::get()?) } else { None };
+        Ok(Pins { pd, budget, counters, worker, releasing: Arc::default() })
+    }
+
+    /// Bytes this side may keep registered (`None`: no limit).
+    pub fn budget(&self) -> Option<u64> {
+        self.budget
+    }
+
+    pub fn pinned(&self) -> u64 {
+        self.counters.pinned_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether `len` more bytes fit the budget now.
+    pub fn fits(&self, len: u64) -> bool {
+        self.budget.is_none_or(|b| self.pinned() + len <= b)
+    }
+
+    /// Whether `len` more bytes fit once what was released is deregistered.
+    pub fn fits_after_release(&self, len: u64) -> bool {
+        self.budget.is_none_or(|b| self.pinned() - self.releasing.load(Ordering::Relaxed) + len <= b)
+    }
+
+    /// The error for `len` more bytes that cannot fit the budget.
+    pub fn over_budget(&self, len: u64) -> Error {
+        Error::new(
+            ErrorKind::PinBudget,
+            format!(
+                "{len} more bytes do not fit the pin budget of {} bytes with {} pinned",
+                self.budget.unwrap_or(u64::MAX),
+                self.pinned()
+            ),
+        )
+    }
+
+    /// Before registering `len` bytes that fit once what was released is
+    /// deregistered: waits for those deregistrations if they are needed.
+    pub fn settle_for(&self, len: u64) {
+        if !self.fits(len) {
+            self.settle();
+        }
+    }
+
+    /// Registers `len` bytes at `addr`, counted as pinned. A refusal by the
+    /// kernel (ENOMEM, EPERM: memlock limit) is a `PinBudget` error, which
+    /// callers answer by unpinning what they can, `settle`, and one retry
+    /// (counted with `retried`).
+    ///
+    /// # Safety
+    /// As [`ProtectionDomain::register`]: the memory stays mapped while registered.
+    pub unsafe fn register(&self, addr: *mut u8, len: u64, access: Access) -> Result<MemoryRegion> {
+        let mr = self.pd.register(addr, len as usize, access).map_err(|e| refusal(e, len, self.pinned()))?;
+        self.counters.pin(len);
+        Ok(mr)
+    }
+
+    /// Counts a registration retried after the kernel refused it.
+    pub fn retried(&self) {
+        Counters::add(&self.counters.registration_retries, 1);
+    }
+
+    /// Drops a registration: on the worker if there is one, else here.
+    pub fn release(&self, mr: MemoryRegion) {
+        match &self.worker {
+            Some(w) => {
+                let bytes = mr.len() as u64;
+                let (counters, releasing) = (self.counters.clone(), self.releasing.clone());
+                Counters::add(&counters.unregister_queue_depth, 1);
+                releasing.fetch_add(bytes, Ordering::Relaxed);
+                w.release(mr, move || {
+                    counters.unpin(bytes);
+                    releasing.fetch_sub(bytes, Ordering::Relaxed);
+                    counters.unregister_queue_depth.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+            None => {
+                let bytes = mr.len() as u64;
+                drop(mr);
+                self.counters.unpin(bytes);
+            }
+        }
+    }
+
+    /// Waits until the registrations this side released are deregistered
+    /// (the kernel counts them as pinned until then); the wait is counted.
+    pub fn settle(&self) {
+        if let (Some(w), true) = (&self.worker, self.releasing.load(Ordering::Relaxed) > 0) {
+            let start = Instant::now();
+            w.flush();
+            Counters::add(&self.counters.pin_wait_ns, start.elapsed().as_nanos() as u64);
+        }
+    }
+
+    /// Starts pin-all: every block of `ram` registered with `access` on a
+    /// background thread (negotiation granted pin-all only if it fits the budget).
+    pub fn pin_all(&self, ram: &RamBlocks, access: Access) -> Result<PinAll> {
+        PinAll::start(self.pd.clone(), ram.clone(), access, self.counters.clone())
+    }
+
+    /// The worker, for a handle that must keep it running after the engine stops.
+    pub fn worker(&self) -> Option<Arc<Unregistration>> {
+        self.worker.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_is_the_smaller_of_config_and_memlock() {
+        assert_eq!(effective_budget(None, None), None);
+        assert_eq!(effective_budget(Some(64 << 20), None), Some(64 << 20));
+        assert_eq!(effective_budget(None, Some(64 << 20)), Some((64 << 20) - CONTROL_PINNED));
+        assert_eq!(effective_budget(Some(1 << 20), Some(64 << 20)), Some(1 << 20));
+        assert_eq!(effective_budget(None, Some(4096)), Some(0));
+    }
+}

@@ -1,0 +1,87 @@
+//! Pin-all that scales: whole RAM blocks registered on a background thread
+//! that starts at connect, overlapping the RAM-blocks exchange. Each block
+//! is first pre-faulted in pieces by several threads (`MADV_POPULATE_WRITE`:
+//! allocating and zeroing pages is most of a registration's cost), then
+//! registered in one `ibv_reg_mr` (one key per block, as the protocol wants),
+//! which then only walks present pages.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use crate::engine::ram::RamBlocks;
+use crate::engine::stats::Counters;
+use crate::verbs::{Access, MemoryRegion, ProtectionDomain};
+use crate::{Error, ErrorKind, Result};
+
+/// Bytes one pre-faulting thread takes at a time.
+const PIECE: u64 = 64 << 20;
+/// Pre-faulting threads at most.
+const MAX_THREADS: usize = 8;
+
+/// Registrations of whole blocks under way; `wait` for them.
+pub(crate) struct PinAll {
+    thread: JoinHandle<Result<Vec<MemoryRegion>>>,
+}
+
+impl PinAll {
+    /// Starts registering every block of `ram` with `access`; progress goes
+    /// to `counters.pin_all_progress_bytes`, the registrations to `pinned_bytes`.
+    pub fn start(pd: Arc<ProtectionDomain>, ram: RamBlocks, access: Access, counters: Arc<Counters>) -> Result<PinAll> {
+        let thread = thread::Builder::new()
+            .name("rdmamig-pinall".into())
+            .spawn(move || {
+                ram.blocks()
+                    .iter()
+                    .map(|b| {
+                        prefault(b.host, b.length, &counters);
+                        // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
+                        let mr = unsafe { pd.register(b.host_ptr(0), b.length as usize, access) }
+                            .map_err(|e| super::refusal(e, b.length, counters.pinned_bytes.load(Ordering::Relaxed)))?;
+                        counters.pin(b.length);
+                        Ok(mr)
+                    })
+                    .collect()
+            })
+            .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the pin-all thread: {e}")))?;
+        Ok(PinAll { thread })
+    }
+
+    /// The registrations, one per block, once all are done.
+    pub fn wait(self) -> Result<Vec<MemoryRegion>> {
+        self.thread.join().unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the pin-all thread panicked")))
+    }
+}
+
+/// Populates `len` bytes at `host` for writing, in pieces on several threads.
+/// Best effort: a kernel without MADV_POPULATE_WRITE (before 5.14) leaves the
+/// faulting to the registration itself.
+fn prefault(host: usize, len: u64, counters: &Counters) {
+    let page = page_size();
+    let pieces = len.div_ceil(PIECE);
+    let threads = thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS).min(pieces as usize);
+    let next = std::sync::atomic::AtomicU64::new(0);
+    thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= pieces {
+                    return;
+                }
+                let start = host as u64 + i * PIECE;
+                let end = (start + PIECE).min(host as u64 + len);
+                // madvise wants page-aligned ranges; the pages around the block's ends are mapped too.
+                let aligned = start & !(page - 1);
+                let span = (end - aligned).next_multiple_of(page);
+                // SAFETY: populating neither changes memory contents nor the mapping.
+                unsafe { libc::madvise(aligned as *mut libc::c_void, span as usize, libc::MADV_POPULATE_WRITE) };
+                Counters::add(&counters.pin_all_progress_bytes, end - start);
+            });
+        }
+    });
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
+}

@@ -1,0 +1,261 @@
+//! The source's chunk registrations under the pin budgets: its own (local
+//! MRs) and, with an rdmamig destination, the destination's (remote chunk
+//! registrations, released with UNREGISTER_REQUEST). When a registration
+//! would pass either budget, the least-recently-used chunks (ordered by the
+//! hypervisor's hints) with no write pending are unpinned first.
+//!
+//! Local MRs are registered without write access, as QEMU's source does:
+//! the kernel pins for read, so untouched pages stay unallocated (the shared
+//! zero page) and shared pages stay shared. The cost: where the MR holds the
+//! shared zero page, a later guest write gives the guest a new page
+//! (copy-on-write) that the MR does not see. So each chunk remembers which
+//! of its pages were all zero when registered, and is registered again when
+//! one of them is sent with non-zero contents.
+
+use crate::engine::is_zero;
+use crate::engine::pin::Hint;
+use crate::verbs::{Access, MemoryRegion};
+use crate::wire::{CommandType, RegisterRequest, CHUNK_SIZE, MAX_REPEAT};
+use crate::Result;
+
+use super::transfer::{Engine, Piece};
+use crate::engine::ram::chunk_of;
+use crate::engine::stats::Counters;
+
+/// (block, chunk index).
+pub(super) type ChunkKey = (u32, usize);
+
+/// Granularity of the zero-page check: the smallest page size.
+const PAGE: u64 = 4096;
+const PAGE_WORDS: usize = (CHUNK_SIZE / PAGE) as usize / 64;
+
+#[derive(Default)]
+pub(super) struct ChunkState {
+    pub remote_rkey: Option<u32>,
+    /// Asked for in a REGISTER_REQUEST, or its writes not yet posted: not
+    /// to be unpinned.
+    pub awaiting: bool,
+    pub local: Option<LocalChunk>,
+    /// Sequence number of the last write from this chunk.
+    pub last_write: u64,
+}
+
+/// A chunk's local registration (read-only), and its pages that were all
+/// zero when it was registered.
+pub(super) struct LocalChunk {
+    pub mr: MemoryRegion,
+    zero_pages: [u64; PAGE_WORDS],
+}
+
+impl LocalChunk {
+    /// Records which pages of the registered chunk at `ptr` are zero now.
+    ///
+    /// # Safety
+    /// `ptr..ptr + mr.len()` is mapped and readable.
+    unsafe fn new(mr: MemoryRegion, ptr: *const u8) -> LocalChunk {
+        let mut zero_pages = [0u64; PAGE_WORDS];
+        let len = mr.len() as u64;
+        for page in 0..len.div_ceil(PAGE) {
+            let start = page * PAGE;
+            if is_zero(ptr.add(start as usize), (len - start).min(PAGE) as usize) {
+                zero_pages[page as usize / 64] |= 1 << (page % 64);
+            }
+        }
+        LocalChunk { mr, zero_pages }
+    }
+
+    /// Whether a page of `[offset, offset + len)` (from the chunk start at
+    /// `ptr`) was zero when registered and is not now: the MR may hold the
+    /// shared zero page there rather than the guest's page.
+    ///
+    /// # Safety
+    /// As for `new`.
+    unsafe fn stale(&self, ptr: *const u8, offset: u64, len: u64) -> bool {
+        let chunk_len = self.mr.len() as u64;
+        (offset / PAGE..(offset + len).div_ceil(PAGE)).any(|page| {
+            let start = page * PAGE;
+            self.zero_pages[page as usize / 64] & (1 << (page % 64)) != 0
+                && !is_zero(ptr.add(start as usize), (chunk_len - start).min(PAGE) as usize)
+        })
+    }
+}
+
+impl Engine {
+    fn chunk(&mut self, (b, c): ChunkKey) -> &mut ChunkState {
+        &mut self.blocks[b as usize].chunks[c]
+    }
+
+    fn chunk_len(&self, (b, c): ChunkKey) -> u64 {
+        let (start, end) = self.ram.blocks()[b as usize].chunk_range(c);
+        end - start
+    }
+
+    /// Whether the destination's registrations count against its budget and
+    /// can be released (an rdmamig peer; QEMU's destination never unpins).
+    fn remote_unpins(&self) -> bool {
+        self.link.negotiated.extensions
+    }
+
+    /// Chunks per REGISTER_REQUEST: QEMU serves one per message; otherwise
+    /// up to half of the smaller budget, so a batch never has to unpin the
+    /// chunks of the batch before it.
+    pub(super) fn register_batch(&self) -> usize {
+        if !self.link.negotiated.extensions {
+            return 1;
+        }
+        let budget = match (self.pins.budget(), self.remote_budget) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(u64::MAX),
+        };
+        (budget / CHUNK_SIZE / 2).clamp(1, super::transfer::REGISTER_BATCH as u64) as usize
+    }
+
+    /// Records a hint for every chunk of a range.
+    pub(super) fn hint(&mut self, block: u32, offset: u64, len: u64, hint: Hint) {
+        for c in chunk_of(offset)..=chunk_of(offset + len - 1) {
+            self.lru.hint((block, c), hint);
+        }
+    }
+
+    /// The lkey for a write of `p` (dynamic registration): the chunk's local
+    /// MR, registered now if it has none or may hold a stale zero page.
+    pub(super) fn local_key(&mut self, p: &Piece) -> Result<u32> {
+        let key = (p.block, chunk_of(p.offset));
+        let block = &self.ram.blocks()[p.block as usize];
+        let (start, _) = block.chunk_range(key.1);
+        let ptr = block.host_ptr(start);
+        let fresh = match &self.chunk(key).local {
+            // SAFETY: the chunk lies in a block the hypervisor keeps mapped.
+            Some(local) => !unsafe { local.stale(ptr, p.offset - start, p.len) },
+            None => false,
+        };
+        if !fresh {
+            if let Some(old) = self.chunk(key).local.take() {
+                self.release_local(key, old)?;
+            }
+            let len = self.chunk_len(key);
+            self.make_local_room(len, key)?;
+            // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
+            let mr = match unsafe { self.pins.register(ptr, len, Access::empty()) } {
+                Err(e) if e.kind == crate::ErrorKind::PinBudget => {
+                    // The kernel counts more than we do (another connection, mlock): unpin one more.
+                    self.pins.retried();
+                    if let Some((victim, hint)) = self.lru.victim(|k| k != key && self.can_unpin(k)) {
+                        self.unpin(victim, hint)?;
+                    }
+                    self.pins.settle();
+                    unsafe { self.pins.register(ptr, len, Access::empty())? }
+                }
+                r => r?,
+            };
+            // SAFETY: as above.
+            self.chunk(key).local = Some(unsafe { LocalChunk::new(mr, ptr) });
+        }
+        self.lru.touch(key);
+        Ok(self.chunk(key).local.as_ref().map_or(0, |l| l.mr.lkey()))
+    }
+
+    /// Whether chunk `key` holds a registration that may go now.
+    fn can_unpin(&self, key: ChunkKey) -> bool {
+        let chunk = &self.blocks[key.0 as usize].chunks[key.1];
+        !chunk.awaiting && (chunk.local.is_some() || (self.remote_unpins() && chunk.remote_rkey.is_some()))
+    }
+
+    /// Unpins until `len` more bytes fit this side's budget (`except` stays).
+    fn make_local_room(&mut self, len: u64, except: ChunkKey) -> Result<()> {
+        while !self.pins.fits_after_release(len) {
+            let victim = self
+                .lru
+                .victim(|k| k != except && self.can_unpin(k) && self.blocks[k.0 as usize].chunks[k.1].local.is_some());
+            match victim {
+                Some((k, hint)) => self.unpin(k, hint)?,
+                None => return Err(self.pins.over_budget(len)),
+            }
+        }
+        self.pins.settle_for(len);
+        Ok(())
+    }
+
+    /// Unpins until `bytes` more fit the destination's announced budget,
+    /// and tells the destination before it is asked for more.
+    pub(super) fn make_remote_room(&mut self, bytes: u64) -> Result<()> {
+        if let Some(budget) = self.remote_budget {
+            while self.remote_pinned + bytes > budget {
+                let victim = self
+                    .lru
+                    .victim(|k| self.can_unpin(k) && self.blocks[k.0 as usize].chunks[k.1].remote_rkey.is_some());
+                match victim {
+                    Some((k, hint)) => self.unpin(k, hint)?,
+                    None => {
+                        return Err(crate::Error::new(
+                            crate::ErrorKind::PinBudget,
+                            format!(
+                                "{bytes} more bytes do not fit the destination's pin budget of {budget} bytes \
+                                 with {} registered there",
+                                self.remote_pinned
+                            ),
+                        ))
+                    }
+                }
+            }
+        }
+        self.flush_unregister()
+    }
+
+    /// Records a chunk's new registration on the destination.
+    pub(super) fn registered_remotely(&mut self, key: ChunkKey, rkey: u32) {
+        self.remote_pinned += self.chunk_len(key);
+        self.chunk(key).remote_rkey = Some(rkey);
+        self.lru.touch(key);
+    }
+
+    /// Drops chunk `key`'s registrations: the local MR once its writes are
+    /// complete, and (rdmamig peers) the destination's, sent with the next
+    /// UNREGISTER_REQUEST. Toward QEMU the destination's registration stays.
+    fn unpin(&mut self, key: ChunkKey, hint: Hint) -> Result<()> {
+        if let Some(local) = self.chunk(key).local.take() {
+            self.release_local(key, local)?;
+        }
+        if self.remote_unpins() && self.chunk(key).remote_rkey.take().is_some() {
+            self.remote_pinned -= self.chunk_len(key);
+            self.to_unregister.push(key);
+        }
+        self.lru.remove(key);
+        Counters::add(&self.shared.counters.unpins, 1);
+        if hint == Hint::Cold {
+            Counters::add(&self.shared.counters.unpins_cold, 1);
+        }
+        Ok(())
+    }
+
+    /// Releases a local MR once no posted write still reads from it.
+    fn release_local(&mut self, key: ChunkKey, local: LocalChunk) -> Result<()> {
+        if self.chunk(key).last_write > self.link.writes_completed() {
+            self.link.fence()?;
+        }
+        self.pins.release(local.mr);
+        Ok(())
+    }
+
+    /// UNREGISTER_REQUEST for the chunks unpinned since the last one. The
+    /// destination takes it after every write posted before it (RC order),
+    /// so those writes need not have completed here.
+    pub(super) fn flush_unregister(&mut self) -> Result<()> {
+        if self.to_unregister.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<RegisterRequest> = std::mem::take(&mut self.to_unregister)
+            .into_iter()
+            .map(|(b, c)| RegisterRequest { key: c as u64, block_index: b, chunks: 0 })
+            .collect();
+        for batch in requests.chunks(super::transfer::REGISTER_BATCH.min(MAX_REPEAT as usize)) {
+            self.link.request(
+                CommandType::UnregisterRequest,
+                |w| batch.iter().try_for_each(|r| w.push(r)),
+                CommandType::UnregisterFinished,
+                |_| Ok(()),
+            )?;
+        }
+        Ok(())
+    }
+}

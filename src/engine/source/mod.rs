@@ -1,0 +1,308 @@
+//! The source side: a hypervisor thread hands RAM ranges and stream bytes to
+//! the transfer thread through a lock-free queue; the transfer thread
+//! (`transfer`) owns the connection, registers chunks within the pin budget
+//! (`chunks`), posts RDMA WRITEs and sends control messages.
+
+mod chunks;
+mod transfer;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::Instant;
+
+use crossbeam_queue::ArrayQueue;
+use parking_lot::RwLock;
+
+use crate::engine::link::{Link, Negotiated};
+use crate::engine::pin::{Hint, Unregistration};
+use crate::engine::ram::RamBlocks;
+use crate::engine::stats::{Counters, Stats};
+use crate::engine::sync::{Done, StickyError};
+use crate::engine::{Config, Ending};
+use crate::wire::{MAX_PAYLOAD, SEND_INCREMENT};
+use crate::{Error, ErrorKind, Result};
+use transfer::Engine;
+
+/// Commands queued at most: `save` waits for room rather than let memory grow
+/// with the guest when the transfer thread falls behind.
+const QUEUE_CAPACITY: usize = 1 << 16;
+
+enum Command {
+    Save {
+        block: u32,
+        offset: u64,
+        len: u64,
+    },
+    Stream(Vec<u8>),
+    /// The hypervisor's hint for a range: orders which chunks are unpinned first.
+    Hint {
+        block: u32,
+        offset: u64,
+        len: u64,
+        hint: Hint,
+    },
+    /// Everything queued before has been sent.
+    Sync(Arc<Done>),
+    /// Close the window: all writes complete, then REGISTER_FINISHED.
+    EndIteration(Arc<Done>),
+    /// The completion handshake (rdmamig peers): END, then wait for END_ACK.
+    End(Arc<Done>),
+}
+
+impl Command {
+    fn done(&self) -> Option<&Arc<Done>> {
+        match self {
+            Command::Sync(d) | Command::EndIteration(d) | Command::End(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+struct Shared {
+    queue: ArrayQueue<Command>,
+    engine: OnceLock<Thread>,
+    error: StickyError,
+    counters: Arc<Counters>,
+    closing: AtomicBool,
+}
+
+impl Shared {
+    /// Queues `cmd`, waiting while the queue is full; fails with the stored
+    /// error if the transfer thread has stopped.
+    fn push(&self, mut cmd: Command) -> Result<()> {
+        loop {
+            self.error.check()?;
+            match self.queue.push(cmd) {
+                Ok(()) => break,
+                Err(back) => {
+                    cmd = back;
+                    self.wake();
+                    thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
+        }
+        self.wake();
+        Ok(())
+    }
+
+    fn wake(&self) {
+        if let Some(t) = self.engine.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The source end of a migration connection.
+///
+/// Thread safety: `save` may be called from several threads at once, and
+/// alongside `iteration_end`; the other methods take `&mut self` and so run
+/// from one thread at a time.
+pub struct Source {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    ram: RamBlocks,
+    negotiated: Negotiated,
+    stop: Arc<AtomicBool>,
+    /// Whether an iteration window is open. `save` holds it shared while it
+    /// checks and queues, `iteration_end` exclusively while it closes the
+    /// window, so a save is either queued before REGISTER_FINISHED or refused.
+    in_window: RwLock<bool>,
+    outgoing: Vec<u8>,
+    unregistration: Option<Arc<Unregistration>>,
+}
+
+impl Source {
+    /// Connects to a destination listening on `host:port` and starts the transfer thread.
+    pub fn connect(host: &str, port: u16, config: &Config, ram: &RamBlocks) -> Result<Source> {
+        if ram.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
+        }
+        let counters = Arc::new(Counters::new());
+        let link = Link::connect(host, port, config, ram.total_bytes(), counters.clone())?;
+        let shared = Arc::new(Shared {
+            queue: ArrayQueue::new(QUEUE_CAPACITY),
+            engine: OnceLock::new(),
+            error: StickyError::default(),
+            counters,
+            closing: AtomicBool::new(false),
+        });
+        let negotiated = link.negotiated;
+        let stop = link.stop.clone();
+        let engine = Engine::new(link, config, ram.clone(), shared.clone())?;
+        let unregistration = engine.unregistration();
+        let thread = thread::Builder::new()
+            .name("rdmamig-source".into())
+            .spawn(move || engine.run())
+            .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
+        let _ = shared.engine.set(thread.thread().clone());
+        Ok(Source {
+            shared,
+            thread: Some(thread),
+            ram: ram.clone(),
+            negotiated,
+            stop,
+            in_window: RwLock::new(false),
+            outgoing: Vec::new(),
+            unregistration,
+        })
+    }
+
+    /// What the two sides agreed on (pin-all, rdmamig extensions).
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated
+    }
+
+    /// Opens an iteration window: `save` calls are legal until `iteration_end`.
+    /// Stream bytes `put` so far go out first (a QEMU destination must see the
+    /// hook marker before any registration message). The first window also
+    /// exchanges the RAM-block lists.
+    pub fn iteration_begin(&mut self) -> Result<()> {
+        self.shared.error.check()?;
+        if *self.in_window.get_mut() {
+            return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
+        }
+        self.queue_stream(true)?;
+        *self.in_window.get_mut() = true;
+        Ok(())
+    }
+
+    /// Queues `len` bytes at `offset` of block `block` for transfer and returns at once.
+    pub fn save(&self, block: u32, offset: u64, len: u64) -> Result<()> {
+        self.shared.error.check()?;
+        self.ram.get(block)?.check_range(offset, len)?;
+        let in_window = self.in_window.read();
+        if !*in_window {
+            return Err(Error::new(ErrorKind::State, "save outside an iteration window"));
+        }
+        if len > 0 {
+            self.shared.push(Command::Save { block, offset, len })?;
+        }
+        Ok(())
+    }
+
+    /// Hints how `len` bytes at `offset` of block `block` will be sent: cold
+    /// ranges are unpinned first when the pin budget is full, hot ones last.
+    /// Applies to chunks pinned later too; takes effect in queue order.
+    pub fn hint(&self, block: u32, offset: u64, len: u64, hint: Hint) -> Result<()> {
+        self.shared.error.check()?;
+        self.ram.get(block)?.check_range(offset, len)?;
+        if len > 0 {
+            self.shared.push(Command::Hint { block, offset, len, hint })?;
+        }
+        Ok(())
+    }
+
+    /// The unregistration worker this connection uses (`None`: it
+    /// deregisters inline). Holding it past `close` keeps `close` from
+    /// waiting for the deregistrations (the worker stops when the last
+    /// holder drops it).
+    pub fn unregistration(&self) -> Option<Arc<Unregistration>> {
+        self.unregistration.clone()
+    }
+
+    /// Closes the window: waits until every write of it has completed, then
+    /// tells the destination (REGISTER_FINISHED). May race `save` calls from
+    /// other threads: each is queued before REGISTER_FINISHED or refused.
+    pub fn iteration_end(&self) -> Result<()> {
+        // Waits for saves still queueing; later ones see the window closed.
+        if !std::mem::replace(&mut *self.in_window.write(), false) {
+            return Err(Error::new(ErrorKind::State, "no iteration window is open"));
+        }
+        let start = Instant::now();
+        let r = self.call(Command::EndIteration);
+        Counters::add(&self.shared.counters.iteration_end_ns, start.elapsed().as_nanos() as u64);
+        r
+    }
+
+    /// Appends device-state bytes to the stream (sent in QEMU_FILE messages).
+    /// Inside an iteration window they are held back until the window ends:
+    /// QEMU's destination accepts no stream message inside one.
+    pub fn put(&mut self, data: &[u8]) -> Result<()> {
+        self.shared.error.check()?;
+        self.outgoing.extend_from_slice(data);
+        if !*self.in_window.get_mut() {
+            self.queue_stream(false)?;
+        }
+        Ok(())
+    }
+
+    /// Sends every byte `put` so far and waits until it is out. Not inside an
+    /// iteration window (see `put`).
+    pub fn flush(&mut self) -> Result<()> {
+        if *self.in_window.get_mut() {
+            return Err(Error::new(ErrorKind::State, "flush inside an iteration window: end the window first"));
+        }
+        self.queue_stream(true)?;
+        self.call(Command::Sync)
+    }
+
+    /// Queues the buffered stream bytes as messages: whole pieces only, or all.
+    fn queue_stream(&mut self, all: bool) -> Result<()> {
+        let piece = if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT };
+        let whole = if all { self.outgoing.len() } else { self.outgoing.len() / piece * piece };
+        for chunk in self.outgoing[..whole].chunks(piece) {
+            self.shared.push(Command::Stream(chunk.to_vec()))?;
+        }
+        self.outgoing.drain(..whole);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The stored error, if the connection failed.
+    pub fn error(&self) -> Option<Error> {
+        self.shared.error.get()
+    }
+
+    /// Aborts the migration: every later call fails with `Aborted` at once;
+    /// the transfer thread sends ERROR and tears down.
+    pub fn abort(&self) {
+        self.shared.error.set(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.shared.engine.get() {
+            t.unpark();
+        }
+    }
+
+    /// Ends an open window, flushes the stream, waits for queued work, and
+    /// disconnects. With an rdmamig destination it first runs the completion
+    /// handshake: [`Ending::Completed`] means the destination checked and
+    /// acknowledged that it has everything. A QEMU destination has no
+    /// handshake: [`Ending::Unverified`] means everything was sent and every
+    /// write completed, but only QEMU itself knows whether it loaded it.
+    pub fn close(mut self) -> Result<Ending> {
+        let r = if *self.in_window.get_mut() { self.iteration_end() } else { Ok(()) };
+        let r = r.and_then(|()| self.flush()).and_then(|()| {
+            if self.negotiated.extensions {
+                self.call(Command::End).map(|()| Ending::Completed)
+            } else {
+                Ok(Ending::Unverified)
+            }
+        });
+        self.shutdown();
+        r
+    }
+
+    fn call(&self, make: impl FnOnce(Arc<Done>) -> Command) -> Result<()> {
+        let done = Arc::new(Done::default());
+        self.shared.push(make(done.clone()))?;
+        done.wait(|| self.shared.error.get())
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
