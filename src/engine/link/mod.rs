@@ -65,23 +65,33 @@ fn encode_error(e: EncodeError) -> Error {
     Error::new(ErrorKind::InvalidArgument, format!("cannot encode control message: {e}"))
 }
 
+/// A control buffer's memory, page-aligned: with rdma-core's fork support on
+/// (`ibv_fork_init`), registrations must cover whole pages.
+#[repr(C, align(4096))]
+struct ControlMemory([u8; CONTROL_BUFFER_SIZE]);
+
 /// A registered buffer of the control channel. `mr` is declared first so it is
 /// deregistered before the memory is freed.
 struct ControlBuffer {
     mr: MemoryRegion,
-    mem: Box<[u8]>,
+    mem: Box<ControlMemory>,
 }
 
 impl ControlBuffer {
     fn new(pd: &Arc<ProtectionDomain>) -> Result<Self> {
-        let mut mem = vec![0u8; CONTROL_BUFFER_SIZE].into_boxed_slice();
+        let mut mem = Box::<ControlMemory>::new_uninit();
+        // SAFETY: zeroed bytes are a valid byte array (allocated on the heap: too big for a stack).
+        let mut mem = unsafe {
+            mem.as_mut_ptr().write_bytes(0, 1);
+            mem.assume_init()
+        };
         // SAFETY: `mem` lives in the same struct and outlives `mr` (field order).
-        let mr = unsafe { pd.register(mem.as_mut_ptr(), mem.len(), Access::LOCAL_WRITE)? };
+        let mr = unsafe { pd.register(mem.0.as_mut_ptr(), CONTROL_BUFFER_SIZE, Access::LOCAL_WRITE)? };
         Ok(ControlBuffer { mr, mem })
     }
 
     fn sge(&self, len: usize) -> Sge {
-        Sge { addr: self.mem.as_ptr() as u64, len: len as u32, lkey: self.mr.lkey() }
+        Sge { addr: self.mem.0.as_ptr() as u64, len: len as u32, lkey: self.mr.lkey() }
     }
 }
 
@@ -333,7 +343,7 @@ impl Link {
         deadline: Option<Instant>,
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
-        let mut writer = MessageWriter::new(&mut self.send.mem, kind);
+        let mut writer = MessageWriter::new(&mut self.send.mem.0, kind);
         build(&mut writer).map_err(encode_error)?;
         let len = writer.finish();
         let sge = self.send.sge(len);
@@ -360,7 +370,7 @@ impl Link {
         self.wait_until("a control message from the peer", deadline, |l| l.received[slot].is_some())?;
         let len = self.received[slot].take().unwrap_or(0) as usize;
         let bytes =
-            self.recv[slot].mem.get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
+            self.recv[slot].mem.0.get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
         let message = wire::decode_message(bytes).map_err(protocol_error)?;
         if message.kind == CommandType::Error {
             return Err(Error::new(ErrorKind::PeerError, "the peer aborted the migration (ERROR message)"));

@@ -103,7 +103,8 @@ impl Pins {
 
     /// Whether `len` more bytes fit once what was released is deregistered.
     pub fn fits_after_release(&self, len: u64) -> bool {
-        self.budget.is_none_or(|b| self.pinned() - self.releasing.load(Ordering::Relaxed) + len <= b)
+        // `releasing` is part of `pinned` (the worker lowers it first), so this never wraps.
+        self.budget.is_none_or(|b| self.pinned().saturating_sub(self.releasing.load(Ordering::Relaxed)) + len <= b)
     }
 
     /// The error for `len` more bytes that cannot fit the budget.
@@ -153,8 +154,8 @@ impl Pins {
                 Counters::add(&counters.unregister_queue_depth, 1);
                 releasing.fetch_add(bytes, Ordering::Relaxed);
                 w.release(mr, move || {
-                    counters.unpin(bytes);
                     releasing.fetch_sub(bytes, Ordering::Relaxed);
+                    counters.unpin(bytes);
                     counters.unregister_queue_depth.fetch_sub(1, Ordering::Relaxed);
                 });
             }
