@@ -53,6 +53,7 @@ static void test_status(void) {
     CHECK(RDMAMIG_END_COMPLETED == 16);
     CHECK(RDMAMIG_END_UNVERIFIED == 17);
     CHECK(RDMAMIG_ERR_CANCELLED == 18);
+    CHECK(RDMAMIG_ERR_PIN_BUDGET == 19);
 
     CHECK(strcmp(rdmamig_status_str(RDMAMIG_OK), "success") == 0);
     CHECK(strcmp(rdmamig_status_str(RDMAMIG_ERR_TIMEOUT), "timed out") == 0);
@@ -71,7 +72,7 @@ static void test_status(void) {
             for (uint32_t t = 0; t < s; t++) CHECK(strcmp(str, rdmamig_status_str(t)) != 0);
         }
     }
-    CHECK(n == RDMAMIG_ERR_CANCELLED + 1);
+    CHECK(n == RDMAMIG_ERR_PIN_BUDGET + 1);
 }
 
 static void test_null_and_config(void) {
@@ -80,6 +81,8 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_protocol_version(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_timeout_ms(NULL, 1000), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(NULL, 1000), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_pin_budget(NULL, 1 << 20), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_unregister_worker(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -93,7 +96,12 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 2000), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK); /* off */
+    CHECK_STATUS(rdmamig_config_set_pin_budget(c, 64u << 20), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK); /* from RLIMIT_MEMLOCK */
+    CHECK_STATUS(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
     rdmamig_config_free(c);
+    /* No connection, no worker: nothing to wait for. */
+    CHECK_STATUS(rdmamig_unregister_flush(), RDMAMIG_OK);
 }
 
 static void test_panic_boundary(void) {
@@ -145,7 +153,8 @@ static void test_migration_api_args(void) {
     rdmamig_stats st = {.size = sizeof st};
     rdmamig_stream_ops ops;
 
-    CHECK(sizeof(rdmamig_stats) == RDMAMIG_STATS_SIZE_V1);
+    CHECK(sizeof(rdmamig_stats) == RDMAMIG_STATS_SIZE_V2);
+    CHECK(offsetof(rdmamig_stats, pin_budget) == RDMAMIG_STATS_SIZE_V1);
     CHECK_STATUS(rdmamig_ram_add_block(NULL, "pc.ram", mem, 0, 4096, NULL), RDMAMIG_ERR_NULL_PARAMETER);
     n = rdmamig_last_error_message(msg, sizeof msg);
     CHECK(n == strlen(msg) && strstr(msg, "ram is NULL") != NULL);
@@ -173,6 +182,7 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_wait_iteration(NULL, 1, 1, &u), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_wait_end(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_abort(NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_hint(NULL, 0, 0, 4096, RDMAMIG_HINT_COLD), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_get_stats(NULL, &st), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK(st.size == sizeof st);
     CHECK_STATUS(rdmamig_conn_stream_ops(NULL, &ops), RDMAMIG_ERR_NULL_PARAMETER);

@@ -86,7 +86,7 @@ impl Destination {
             .name("rdmamig-dest".into())
             .spawn(move || service.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the service thread: {e}")))?;
-        Ok(Destination { shared, stop, negotiated, thread: Mutex::new(Some(thread)), unregistration: unregistration })
+        Ok(Destination { shared, stop, negotiated, thread: Mutex::new(Some(thread)), unregistration })
     }
 
     pub fn negotiated(&self) -> Negotiated {

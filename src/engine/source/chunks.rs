@@ -12,15 +12,14 @@
 //! of its pages were all zero when registered, and is registered again when
 //! one of them is sent with non-zero contents.
 
+use super::transfer::{Engine, Piece, REGISTER_BATCH};
 use crate::engine::is_zero;
-use crate::engine::pin::Hint;
-use crate::verbs::{Access, MemoryRegion};
-use crate::wire::{CommandType, RegisterRequest, CHUNK_SIZE, MAX_REPEAT};
-use crate::Result;
-
-use super::transfer::{Engine, Piece};
+use crate::engine::pin::{Hint, Pins};
 use crate::engine::ram::chunk_of;
 use crate::engine::stats::Counters;
+use crate::verbs::{Access, MemoryRegion};
+use crate::wire::{CommandType, RegisterRequest, CHUNK_SIZE, MAX_REPEAT};
+use crate::{Error, ErrorKind, Result};
 
 /// (block, chunk index).
 pub(super) type ChunkKey = (u32, usize);
@@ -48,20 +47,23 @@ pub(super) struct LocalChunk {
 }
 
 impl LocalChunk {
-    /// Records which pages of the registered chunk at `ptr` are zero now.
+    /// Registers the chunk of `len` bytes at `ptr` read-only. Its zero pages
+    /// are found first: a page that is not zero then is a real page the pin
+    /// holds (the kernel unshares an anonymous page it pins for read), while
+    /// one that turns non-zero after the check is caught by `stale`.
     ///
     /// # Safety
-    /// `ptr..ptr + mr.len()` is mapped and readable.
-    unsafe fn new(mr: MemoryRegion, ptr: *const u8) -> LocalChunk {
+    /// `ptr..ptr + len` is mapped and readable, and stays mapped while registered.
+    unsafe fn register(pins: &Pins, ptr: *mut u8, len: u64) -> Result<LocalChunk> {
         let mut zero_pages = [0u64; PAGE_WORDS];
-        let len = mr.len() as u64;
         for page in 0..len.div_ceil(PAGE) {
             let start = page * PAGE;
             if is_zero(ptr.add(start as usize), (len - start).min(PAGE) as usize) {
                 zero_pages[page as usize / 64] |= 1 << (page % 64);
             }
         }
-        LocalChunk { mr, zero_pages }
+        let mr = pins.register(ptr, len, Access::empty())?;
+        Ok(LocalChunk { mr, zero_pages })
     }
 
     /// Whether a page of `[offset, offset + len)` (from the chunk start at
@@ -107,7 +109,7 @@ impl Engine {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or(u64::MAX),
         };
-        (budget / CHUNK_SIZE / 2).clamp(1, super::transfer::REGISTER_BATCH as u64) as usize
+        (budget / CHUNK_SIZE / 2).clamp(1, REGISTER_BATCH as u64) as usize
     }
 
     /// Records a hint for every chunk of a range.
@@ -136,20 +138,19 @@ impl Engine {
             let len = self.chunk_len(key);
             self.make_local_room(len, key)?;
             // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
-            let mr = match unsafe { self.pins.register(ptr, len, Access::empty()) } {
-                Err(e) if e.kind == crate::ErrorKind::PinBudget => {
+            let local = match unsafe { LocalChunk::register(&self.pins, ptr, len) } {
+                Err(e) if e.kind == ErrorKind::PinBudget => {
                     // The kernel counts more than we do (another connection, mlock): unpin one more.
                     self.pins.retried();
                     if let Some((victim, hint)) = self.lru.victim(|k| k != key && self.can_unpin(k)) {
                         self.unpin(victim, hint)?;
                     }
                     self.pins.settle();
-                    unsafe { self.pins.register(ptr, len, Access::empty())? }
+                    unsafe { LocalChunk::register(&self.pins, ptr, len)? }
                 }
                 r => r?,
             };
-            // SAFETY: as above.
-            self.chunk(key).local = Some(unsafe { LocalChunk::new(mr, ptr) });
+            self.chunk(key).local = Some(local);
         }
         self.lru.touch(key);
         Ok(self.chunk(key).local.as_ref().map_or(0, |l| l.mr.lkey()))
@@ -187,8 +188,8 @@ impl Engine {
                 match victim {
                     Some((k, hint)) => self.unpin(k, hint)?,
                     None => {
-                        return Err(crate::Error::new(
-                            crate::ErrorKind::PinBudget,
+                        return Err(Error::new(
+                            ErrorKind::PinBudget,
                             format!(
                                 "{bytes} more bytes do not fit the destination's pin budget of {budget} bytes \
                                  with {} registered there",
@@ -248,7 +249,7 @@ impl Engine {
             .into_iter()
             .map(|(b, c)| RegisterRequest { key: c as u64, block_index: b, chunks: 0 })
             .collect();
-        for batch in requests.chunks(super::transfer::REGISTER_BATCH.min(MAX_REPEAT as usize)) {
+        for batch in requests.chunks(REGISTER_BATCH.min(MAX_REPEAT as usize)) {
             self.link.request(
                 CommandType::UnregisterRequest,
                 |w| batch.iter().try_for_each(|r| w.push(r)),
