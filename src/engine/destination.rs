@@ -269,14 +269,13 @@ impl Service {
         }
         // Destroy the QP, CQ and id (no more remote writes), hand every
         // registration to the worker, then report the end.
-        let Service { link, pins, pin_all, chunks, whole, shared, .. } = self;
+        let Service { link, pins, chunks, whole, shared, .. } = self;
         drop(link);
-        let pinned_all = pin_all.map(PinAll::wait).and_then(|r| r.ok()).unwrap_or_default();
         let owners = chunks.into_iter().flatten().filter_map(|c| match c {
             ChunkReg::Owner(mr) => Some(mr),
             _ => None,
         });
-        for mr in whole.into_iter().flatten().chain(pinned_all).chain(owners) {
+        for mr in whole.into_iter().flatten().chain(owners) {
             pins.release(mr);
         }
         shared.state.lock().end = Some(end);
@@ -398,7 +397,7 @@ impl Service {
             }
         }
         if let Some(job) = self.pin_all.take() {
-            for (i, mr) in job.wait()?.into_iter().enumerate() {
+            for (i, mr) in job.wait(&self.link.stop)?.into_iter().enumerate() {
                 Counters::add(&self.shared.counters.chunks_registered, self.ram.blocks()[i].chunk_count() as u64);
                 self.whole[i] = Some(mr);
             }

@@ -5,9 +5,12 @@
 //! registered in one `ibv_reg_mr` (one key per block, as the protocol wants),
 //! which then only walks present pages.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
@@ -19,37 +22,83 @@ const PIECE: u64 = 64 << 20;
 /// Pre-faulting threads at most.
 const MAX_THREADS: usize = 8;
 
-/// Registrations of whole blocks under way; `wait` for them.
+/// Where the pin-all thread leaves its result.
+#[derive(Default)]
+struct Slot {
+    result: Option<Result<Vec<MemoryRegion>>>,
+    /// Nobody will take the result: the thread drops it itself.
+    abandoned: bool,
+}
+
+/// Registrations of whole blocks under way; `wait` for them. Dropped
+/// unfinished, the registrations are dropped (and uncounted) when done.
 pub(crate) struct PinAll {
-    thread: JoinHandle<Result<Vec<MemoryRegion>>>,
+    slot: Arc<Mutex<Slot>>,
+    counters: Arc<Counters>,
 }
 
 impl PinAll {
     /// Starts registering every block of `ram` with `access`; progress goes
     /// to `counters.pin_all_progress_bytes`, the registrations to `pinned_bytes`.
     pub fn start(pd: Arc<ProtectionDomain>, ram: RamBlocks, access: Access, counters: Arc<Counters>) -> Result<PinAll> {
-        let thread = thread::Builder::new()
+        let slot = Arc::new(Mutex::new(Slot::default()));
+        let (theirs, counting) = (slot.clone(), counters.clone());
+        thread::Builder::new()
             .name("rdmamig-pinall".into())
             .spawn(move || {
-                ram.blocks()
+                let result = ram
+                    .blocks()
                     .iter()
                     .map(|b| {
-                        prefault(b.host, b.length, &counters);
+                        prefault(b.host, b.length, &counting);
                         // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
                         let mr = unsafe { pd.register(b.host_ptr(0), b.length as usize, access) }
-                            .map_err(|e| super::refusal(e, b.length, counters.pinned_bytes.load(Ordering::Relaxed)))?;
-                        counters.pin(b.length);
+                            .map_err(|e| super::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed)))?;
+                        counting.pin(b.length);
                         Ok(mr)
                     })
-                    .collect()
+                    .collect();
+                let mut slot = theirs.lock();
+                if slot.abandoned {
+                    release(result, &counting);
+                } else {
+                    slot.result = Some(result);
+                }
             })
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the pin-all thread: {e}")))?;
-        Ok(PinAll { thread })
+        Ok(PinAll { slot, counters })
     }
 
-    /// The registrations, one per block, once all are done.
-    pub fn wait(self) -> Result<Vec<MemoryRegion>> {
-        self.thread.join().unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the pin-all thread panicked")))
+    /// The registrations, one per block, once all are done; gives up when `stop` is set.
+    pub fn wait(self, stop: &AtomicBool) -> Result<Vec<MemoryRegion>> {
+        loop {
+            if let Some(result) = self.slot.lock().result.take() {
+                return result;
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Err(Error::new(ErrorKind::Aborted, "aborted while pinning all guest RAM"));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for PinAll {
+    fn drop(&mut self) {
+        let mut slot = self.slot.lock();
+        match slot.result.take() {
+            Some(result) => release(result, &self.counters),
+            None => slot.abandoned = true,
+        }
+    }
+}
+
+/// Deregisters registrations nobody took, and uncounts them.
+fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
+    for mr in result.into_iter().flatten() {
+        let bytes = mr.len() as u64;
+        drop(mr);
+        counters.unpin(bytes);
     }
 }
 
@@ -60,7 +109,7 @@ fn prefault(host: usize, len: u64, counters: &Counters) {
     let page = page_size();
     let pieces = len.div_ceil(PIECE);
     let threads = thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS).min(pieces as usize);
-    let next = std::sync::atomic::AtomicU64::new(0);
+    let next = AtomicU64::new(0);
     thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {

@@ -158,17 +158,13 @@ impl Engine {
             }
         }
         // Destroy the QP, CQ and ids, then hand every registration to the worker.
-        let Engine { link, pins, pin_all, blocks, .. } = self;
+        let Engine { link, pins, blocks, .. } = self;
         drop(link);
-        let pinned_all = pin_all.map(PinAll::wait).and_then(|r| r.ok()).unwrap_or_default();
         for block in blocks {
             let chunks = block.chunks.into_iter().filter_map(|c| c.local.map(|l| l.mr));
             for mr in block.local.into_iter().chain(chunks) {
                 pins.release(mr);
             }
-        }
-        for mr in pinned_all {
-            pins.release(mr);
         }
     }
 
@@ -255,7 +251,7 @@ impl Engine {
         self.blocks_exchanged = true;
         let pin_all = self.link.negotiated.pin_all;
         if let Some(job) = self.pin_all.take() {
-            for (mr, state) in job.wait()?.into_iter().zip(&mut self.blocks) {
+            for (mr, state) in job.wait(&self.link.stop)?.into_iter().zip(&mut self.blocks) {
                 state.local = Some(mr);
             }
         }
