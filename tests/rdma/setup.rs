@@ -165,3 +165,31 @@ fn idle_connection_survives_its_liveness_probes() {
     assert_eq!(dest.wait_end(Some(Duration::from_secs(10))).unwrap(), rdmamig::Ending::Completed);
     assert!(src_ram[0].bytes() == dst_ram[0].bytes());
 }
+
+/// Pin-all is only negotiated when a side's pin budget holds all its RAM:
+/// otherwise that side does not offer (source) or grant (destination) it,
+/// both register dynamically, and the migration stays within the budget.
+#[test]
+fn pin_all_past_a_pin_budget_falls_back_to_dynamic_registration() {
+    let len = 32 * MIB;
+    for (src_budget, dst_budget) in [(Some(8 * MIB), None), (None, Some(8 * MIB))] {
+        let src_ram = GuestRam::new(len, 0x5a);
+        let dst_ram = GuestRam::new(len, 0);
+        let src_config = Config { pin_all: true, pin_budget: src_budget, ..Config::default() };
+        let dst_config = Config { pin_all: true, pin_budget: dst_budget, ..Config::default() };
+        let (mut source, dest) = connect(&one_block(&src_ram, len), &src_config, one_block(&dst_ram, len), &dst_config);
+        assert!(!source.negotiated().pin_all && !dest.negotiated().pin_all, "budgets {src_budget:?}/{dst_budget:?}");
+        source.iteration_begin().unwrap();
+        source.save(0, 0, len).unwrap();
+        source.iteration_end().unwrap();
+        let (src_stats, dst_stats) = (source.stats(), dest.stats());
+        assert_eq!(source.close().unwrap(), rdmamig::Ending::Completed);
+        assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), rdmamig::Ending::Completed);
+        assert!(src_ram.bytes() == dst_ram.bytes(), "RAM differs");
+        for (side, stats, budget) in [("source", src_stats, src_budget), ("destination", dst_stats, dst_budget)] {
+            assert!(stats.pinned_bytes_peak <= budget.unwrap_or(u64::MAX), "{side} pinned {stats:?}");
+            assert_eq!(stats.pin_all_progress_bytes, 0, "{side} started pin-all");
+        }
+        assert!(src_stats.chunks_registered >= len / MIB, "dynamic registration: {src_stats:?}");
+    }
+}
