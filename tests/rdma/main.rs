@@ -13,6 +13,7 @@ mod abort;
 mod hostile;
 mod killpoints;
 mod liveness;
+mod memory;
 mod migration;
 mod qemu;
 mod setup;

@@ -7,6 +7,7 @@
 mod budget;
 mod lru;
 mod pin_all;
+mod sharing;
 mod unregister;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,7 @@ use std::time::Instant;
 
 pub use lru::{Hint, Lru};
 pub(crate) use pin_all::PinAll;
+pub use sharing::pin_would_copy;
 pub use unregister::Unregistration;
 
 use crate::engine::ram::RamBlocks;

@@ -4,17 +4,15 @@
 //! would pass either budget, the least-recently-used chunks (ordered by the
 //! hypervisor's hints) with no write pending are unpinned first.
 //!
-//! Local MRs are registered without write access, as QEMU's source does:
-//! the kernel pins for read, so untouched pages stay unallocated (the shared
-//! zero page) and shared pages stay shared. The cost: where the MR holds the
-//! shared zero page, a later guest write gives the guest a new page
-//! (copy-on-write) that the MR does not see. So each chunk remembers which
-//! of its pages were all zero when registered, and is registered again when
-//! one of them is sent with non-zero contents.
+//! Local MRs are registered without write access, as QEMU's source does.
+//! A chunk is only pinned when it holds no page that the pin would allocate
+//! or copy (never touched, the shared zero page, shared by KSM or a fork:
+//! `pin_would_copy`); writes from other chunks go through the staging ring,
+//! so those pages stay unallocated or shared. The check is made again in
+//! each iteration window (the guest may have filled the chunk meanwhile).
 
 use super::transfer::{Engine, Piece, REGISTER_BATCH};
-use crate::engine::is_zero;
-use crate::engine::pin::{Hint, Pins};
+use crate::engine::pin::{pin_would_copy, Hint};
 use crate::engine::ram::chunk_of;
 use crate::engine::stats::Counters;
 use crate::verbs::{Access, MemoryRegion};
@@ -24,62 +22,18 @@ use crate::{Error, ErrorKind, Result};
 /// (block, chunk index).
 pub(super) type ChunkKey = (u32, usize);
 
-/// Granularity of the zero-page check: the smallest page size.
-const PAGE: u64 = 4096;
-const PAGE_WORDS: usize = (CHUNK_SIZE / PAGE) as usize / 64;
-
 #[derive(Default)]
 pub(super) struct ChunkState {
     pub remote_rkey: Option<u32>,
     /// Asked for in a REGISTER_REQUEST, or its writes not yet posted: not
     /// to be unpinned.
     pub awaiting: bool,
-    pub local: Option<LocalChunk>,
+    pub local: Option<MemoryRegion>,
     /// Sequence number of the last write from this chunk.
     pub last_write: u64,
-}
-
-/// A chunk's local registration (read-only), and its pages that were all
-/// zero when it was registered.
-pub(super) struct LocalChunk {
-    pub mr: MemoryRegion,
-    zero_pages: [u64; PAGE_WORDS],
-}
-
-impl LocalChunk {
-    /// Registers the chunk of `len` bytes at `ptr` read-only. Its zero pages
-    /// are found first: a page that is not zero then is a real page the pin
-    /// holds (the kernel unshares an anonymous page it pins for read), while
-    /// one that turns non-zero after the check is caught by `stale`.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` is mapped and readable, and stays mapped while registered.
-    unsafe fn register(pins: &Pins, ptr: *mut u8, len: u64) -> Result<LocalChunk> {
-        let mut zero_pages = [0u64; PAGE_WORDS];
-        for page in 0..len.div_ceil(PAGE) {
-            let start = page * PAGE;
-            if is_zero(ptr.add(start as usize), (len - start).min(PAGE) as usize) {
-                zero_pages[page as usize / 64] |= 1 << (page % 64);
-            }
-        }
-        let mr = pins.register(ptr, len, Access::empty())?;
-        Ok(LocalChunk { mr, zero_pages })
-    }
-
-    /// Whether a page of `[offset, offset + len)` (from the chunk start at
-    /// `ptr`) was zero when registered and is not now: the MR may hold the
-    /// shared zero page there rather than the guest's page.
-    ///
-    /// # Safety
-    /// As for `new`.
-    unsafe fn stale(&self, ptr: *const u8, offset: u64, len: u64) -> bool {
-        let chunk_len = self.mr.len() as u64;
-        (offset / PAGE..(offset + len).div_ceil(PAGE)).any(|page| {
-            let start = page * PAGE;
-            self.zero_pages[page as usize / 64] & (1 << (page % 64)) != 0
-                && !is_zero(ptr.add(start as usize), (chunk_len - start).min(PAGE) as usize)
-        })
-    }
+    /// The iteration window in which pinning the chunk was found to copy
+    /// pages: its writes go through the staging ring until the next window.
+    staged_in: Option<u64>,
 }
 
 impl Engine {
@@ -120,25 +74,28 @@ impl Engine {
     }
 
     /// The lkey for a write of `p` (dynamic registration): the chunk's local
-    /// MR, registered now if it has none or may hold a stale zero page.
-    pub(super) fn local_key(&mut self, p: &Piece) -> Result<u32> {
+    /// MR, registered now if it has none; `None` when pinning the chunk
+    /// would copy pages (write through the staging ring instead).
+    pub(super) fn local_key(&mut self, p: &Piece) -> Result<Option<u32>> {
         let key = (p.block, chunk_of(p.offset));
-        let block = &self.ram.blocks()[p.block as usize];
-        let (start, _) = block.chunk_range(key.1);
-        let ptr = block.host_ptr(start);
-        let fresh = match &self.chunk(key).local {
-            // SAFETY: the chunk lies in a block the hypervisor keeps mapped.
-            Some(local) => !unsafe { local.stale(ptr, p.offset - start, p.len) },
-            None => false,
-        };
-        if !fresh {
-            if let Some(old) = self.chunk(key).local.take() {
-                self.release_local(key, old)?;
+        let window = self.shared.counters.iterations.load(std::sync::atomic::Ordering::Relaxed);
+        let chunk = &self.blocks[key.0 as usize].chunks[key.1];
+        if chunk.local.is_none() {
+            if chunk.staged_in == Some(window) {
+                return Ok(None);
             }
-            let len = self.chunk_len(key);
-            self.make_local_room(len, key)?;
+            let block = &self.ram.blocks()[p.block as usize];
+            let (start, end) = block.chunk_range(key.1);
+            let ptr = block.host_ptr(start);
+            // SAFETY: the chunk lies in a block the hypervisor keeps mapped.
+            if unsafe { pin_would_copy(ptr, end - start) } {
+                self.chunk(key).staged_in = Some(window);
+                return Ok(None);
+            }
+            let len = end - start;
+            self.make_local_room(len, Some(key))?;
             // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
-            let local = match unsafe { LocalChunk::register(&self.pins, ptr, len) } {
+            let mr = match unsafe { self.pins.register(ptr, len, Access::empty()) } {
                 Err(e) if e.kind == ErrorKind::PinBudget => {
                     // The kernel counts more than we do (another connection, mlock): unpin one more.
                     self.pins.retried();
@@ -146,14 +103,14 @@ impl Engine {
                         self.unpin(victim, hint)?;
                     }
                     self.pins.settle();
-                    unsafe { LocalChunk::register(&self.pins, ptr, len)? }
+                    unsafe { self.pins.register(ptr, len, Access::empty())? }
                 }
                 r => r?,
             };
-            self.chunk(key).local = Some(local);
+            self.chunk(key).local = Some(mr);
         }
         self.lru.touch(key);
-        Ok(self.chunk(key).local.as_ref().map_or(0, |l| l.mr.lkey()))
+        Ok(self.chunk(key).local.as_ref().map(|mr| mr.lkey()))
     }
 
     /// Whether chunk `key` holds a registration that may go now.
@@ -163,11 +120,11 @@ impl Engine {
     }
 
     /// Unpins until `len` more bytes fit this side's budget (`except` stays).
-    fn make_local_room(&mut self, len: u64, except: ChunkKey) -> Result<()> {
+    pub(super) fn make_local_room(&mut self, len: u64, except: Option<ChunkKey>) -> Result<()> {
         while !self.pins.fits_after_release(len) {
-            let victim = self
-                .lru
-                .victim(|k| k != except && self.can_unpin(k) && self.blocks[k.0 as usize].chunks[k.1].local.is_some());
+            let victim = self.lru.victim(|k| {
+                Some(k) != except && self.can_unpin(k) && self.blocks[k.0 as usize].chunks[k.1].local.is_some()
+            });
             match victim {
                 Some((k, hint)) => self.unpin(k, hint)?,
                 None => return Err(self.pins.over_budget(len)),
@@ -230,11 +187,11 @@ impl Engine {
     }
 
     /// Releases a local MR once no posted write still reads from it.
-    fn release_local(&mut self, key: ChunkKey, local: LocalChunk) -> Result<()> {
+    fn release_local(&mut self, key: ChunkKey, mr: MemoryRegion) -> Result<()> {
         if self.chunk(key).last_write > self.link.writes_completed() {
             self.link.fence()?;
         }
-        self.pins.release(local.mr);
+        self.pins.release(mr);
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! (`chunks`), posts RDMA WRITEs and sends control messages.
 
 mod chunks;
+mod staging;
 mod transfer;
 
 use std::sync::atomic::{AtomicBool, Ordering};

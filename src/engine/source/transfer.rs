@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread;
 
 use super::chunks::{ChunkKey, ChunkState};
+use super::staging::Staging;
 use super::{Command, Shared};
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
@@ -34,6 +35,8 @@ pub(super) const REGISTER_BATCH: usize = 256;
 const LARGE_WRITE: u64 = 4 << 20;
 /// Ranges being merged at once: saves from several hypervisor threads interleave.
 const MERGE_SLOTS: usize = 4;
+/// Staging ring size at most (a quarter of a smaller pin budget, at least a chunk).
+const STAGING: u64 = 8 << 20;
 /// Zero ranges per COMPRESS message toward an rdmamig peer (QEMU applies one).
 const ZERO_BATCH: usize = 1024;
 
@@ -74,6 +77,8 @@ pub(super) struct Engine {
     pub remote_pinned: u64,
     /// Chunks unpinned whose destination registration is still to be released.
     pub to_unregister: Vec<ChunkKey>,
+    /// Writes from chunks that are not pinned go through here.
+    staging: Option<Staging>,
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
     /// Zero ranges for the next COMPRESS message (rdmamig peers only), and their bytes.
@@ -122,6 +127,7 @@ impl Engine {
             remote_budget,
             remote_pinned: 0,
             to_unregister: Vec::new(),
+            staging: None,
             pending: Vec::with_capacity(MERGE_SLOTS),
             zeros: Vec::new(),
             zero_bytes: 0,
@@ -158,13 +164,12 @@ impl Engine {
             }
         }
         // Destroy the QP, CQ and ids, then hand every registration to the worker.
-        let Engine { link, pins, blocks, .. } = self;
+        let Engine { link, pins, blocks, staging, .. } = self;
         drop(link);
-        for block in blocks {
-            let chunks = block.chunks.into_iter().filter_map(|c| c.local.map(|l| l.mr));
-            for mr in block.local.into_iter().chain(chunks) {
-                pins.release(mr);
-            }
+        let chunks =
+            blocks.into_iter().flat_map(|b| b.local.into_iter().chain(b.chunks.into_iter().filter_map(|c| c.local)));
+        for mr in chunks.chain(staging.and_then(|mut s| s.take_mr())) {
+            pins.release(mr);
         }
     }
 
@@ -456,20 +461,24 @@ impl Engine {
         Ok(())
     }
 
-    /// Posts one RDMA WRITE, registering the local chunk if needed.
+    /// Posts one RDMA WRITE, registering the local chunk if needed (or
+    /// staging its bytes when the chunk is not to be pinned).
     fn write(&mut self, p: Piece) -> Result<()> {
         self.make_room(p.len)?;
         let state = &self.blocks[p.block as usize];
-        let (lkey, rkey) = if let (Some(mr), Some(rkey)) = (&state.local, state.remote_rkey) {
-            (mr.lkey(), rkey)
+        let guest = self.ram.blocks()[p.block as usize].host_ptr(p.offset);
+        let guest_sge = |lkey| Sge { addr: guest as u64, len: p.len as u32, lkey };
+        let (sge, rkey, staged) = if let (Some(mr), Some(rkey)) = (&state.local, state.remote_rkey) {
+            (guest_sge(mr.lkey()), rkey, false)
         } else {
             let rkey = state.chunks[chunk_of(p.offset)]
                 .remote_rkey
                 .ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
-            (self.local_key(&p)?, rkey)
+            match self.local_key(&p)? {
+                Some(lkey) => (guest_sge(lkey), rkey, false),
+                None => (self.stage(guest, p.len)?, rkey, true),
+            }
         };
-        let block = &self.ram.blocks()[p.block as usize];
-        let sge = Sge { addr: block.host_ptr(p.offset) as u64, len: p.len as u32, lkey };
         let remote = self.blocks[p.block as usize].remote_base + p.offset;
         let signalled = self.unsignalled.0 + 1 >= SIGNAL_EVERY || self.unsignalled.1 + p.len >= SIGNAL_EVERY_BYTES;
         // SAFETY: `sge` lies in a local MR over guest RAM the hypervisor keeps mapped;
@@ -481,7 +490,9 @@ impl Engine {
         } else {
             self.unsignalled = (self.unsignalled.0 + 1, self.unsignalled.1 + p.len);
         }
-        if !self.link.negotiated.pin_all {
+        if let (true, Some(staging)) = (staged, &mut self.staging) {
+            staging.posted(seq);
+        } else if !self.link.negotiated.pin_all {
             self.blocks[p.block as usize].chunks[chunk_of(p.offset)].last_write = seq;
         }
         self.inflight.push_back((seq, p.len));
@@ -490,9 +501,36 @@ impl Engine {
         Ok(())
     }
 
+    /// Copies `len` bytes of guest RAM at `guest` into the staging ring
+    /// (registered on first use, within the pin budget), waiting for older
+    /// staged writes to complete while it is full.
+    fn stage(&mut self, guest: *const u8, len: u64) -> Result<Sge> {
+        if self.staging.is_none() {
+            let size = self.pins.budget().map_or(STAGING, |b| (b / 4).clamp(CHUNK_SIZE, STAGING) & !(CHUNK_SIZE - 1));
+            self.make_local_room(size, None)?;
+            self.staging = Some(Staging::new(&self.pins, size)?);
+        }
+        loop {
+            let staging = self.staging.as_mut().expect("created above");
+            // SAFETY: the range was checked against its block in `Source::save`.
+            if let Some(sge) = unsafe { staging.stage(guest, len) } {
+                return Ok(sge);
+            }
+            let oldest = staging.oldest().ok_or_else(|| Error::new(ErrorKind::State, "staging ring too small"))?;
+            match self.signalled.iter().find(|&&s| s >= oldest) {
+                Some(&s) => self.link.wait_write(s)?,
+                None => self.link.fence()?,
+            }
+            self.retire_completed();
+        }
+    }
+
     /// Forgets writes known to be complete.
     fn retire_completed(&mut self) {
         let done = self.link.writes_completed();
+        if let Some(staging) = &mut self.staging {
+            staging.retire(done);
+        }
         while let Some(&(seq, bytes)) = self.inflight.front() {
             if seq > done {
                 break;

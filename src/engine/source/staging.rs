@@ -1,0 +1,153 @@
+//! The staging ring: a registered buffer for writes from chunks the source
+//! does not pin (see `pin_would_copy`): their bytes are copied into the ring
+//! and written from there, so the guest's untouched and shared pages stay
+//! untouched and shared. A slot is reused once its write has completed.
+
+use std::alloc::{self, Layout};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use crate::engine::pin::Pins;
+use crate::verbs::{MemoryRegion, Sge};
+use crate::Result;
+
+/// Page-aligned heap memory (rdma-core's fork support wants whole pages).
+struct PageBuffer {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl PageBuffer {
+    fn new(len: usize) -> PageBuffer {
+        let layout = Layout::from_size_align(len, 4096).expect("a staging size is a page multiple");
+        // SAFETY: `len` is not zero.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            alloc::handle_alloc_error(layout);
+        }
+        PageBuffer { ptr, layout }
+    }
+}
+
+impl Drop for PageBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+// SAFETY: plain heap memory, used by the transfer thread and the NIC only.
+unsafe impl Send for PageBuffer {}
+
+pub(super) struct Staging {
+    /// Declared before `mem`, but the MR may outlive it on the unregistration
+    /// worker: that is sound because the QP is destroyed before the MR is
+    /// released (no access any more), and a registration holds its pages
+    /// until it is deregistered even when they are freed.
+    mr: Option<MemoryRegion>,
+    mem: PageBuffer,
+    size: u64,
+    /// Bytes ever handed out and ever freed: the ring holds `[tail, head)`.
+    head: u64,
+    tail: u64,
+    /// (write sequence, `head` after its bytes) of writes not known complete.
+    inflight: VecDeque<(u64, u64)>,
+}
+
+impl Staging {
+    /// A ring of `size` bytes (a page multiple), registered through `pins`.
+    pub fn new(pins: &Pins, size: u64) -> Result<Staging> {
+        let mem = PageBuffer::new(size as usize);
+        // SAFETY: `mem` lives as long as `self`; see `mr` for after.
+        let mr = unsafe { pins.register(mem.ptr, size, crate::verbs::Access::LOCAL_WRITE)? };
+        Ok(Staging { mr: Some(mr), mem, size, head: 0, tail: 0, inflight: VecDeque::new() })
+    }
+
+    /// Copies `len` bytes of guest RAM at `src` into the ring and returns
+    /// where they are, or `None` while the ring is too full (wait for the
+    /// write of `oldest`). Record the write with `posted`.
+    ///
+    /// # Safety
+    /// `src..src + len` is mapped and readable (the guest may write it meanwhile).
+    pub unsafe fn stage(&mut self, src: *const u8, len: u64) -> Option<Sge> {
+        let mut at = self.head % self.size;
+        let mut start = self.head;
+        if at + len > self.size {
+            // Never split a write: skip the rest of the ring.
+            start += self.size - at;
+            at = 0;
+        }
+        if start + len - self.tail > self.size {
+            return None;
+        }
+        copy_racing(src, self.mem.ptr.add(at as usize), len as usize);
+        self.head = start + len;
+        let mr = self.mr.as_ref()?;
+        mr.sge(at as usize, len as u32)
+    }
+
+    /// The write of the bytes staged last was posted as `seq`.
+    pub fn posted(&mut self, seq: u64) {
+        self.inflight.push_back((seq, self.head));
+    }
+
+    /// Frees the slots of writes up to `completed`.
+    pub fn retire(&mut self, completed: u64) {
+        while let Some(&(seq, end)) = self.inflight.front() {
+            if seq > completed {
+                break;
+            }
+            self.tail = end;
+            self.inflight.pop_front();
+        }
+    }
+
+    /// The oldest write still holding a slot.
+    pub fn oldest(&self) -> Option<u64> {
+        self.inflight.front().map(|&(seq, _)| seq)
+    }
+
+    /// The registration, to release when the connection ends.
+    pub fn take_mr(&mut self) -> Option<MemoryRegion> {
+        self.mr.take()
+    }
+}
+
+/// Copies guest memory that the guest may be writing at the same time: with
+/// relaxed atomic loads (plain loads on every target), as a data race with
+/// non-atomic copies would be undefined behaviour. A torn page is fine: the
+/// dirty log sends it again.
+///
+/// # Safety
+/// `src..src + len` readable, `dst..dst + len` writable and not racing.
+unsafe fn copy_racing(src: *const u8, dst: *mut u8, len: usize) {
+    let mut i = 0;
+    while i < len && (src as usize + i) % 8 != 0 {
+        *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Relaxed);
+        i += 1;
+    }
+    while i + 8 <= len {
+        let word = AtomicU64::from_ptr(src.add(i) as *mut u64).load(Ordering::Relaxed);
+        (dst.add(i) as *mut u64).write_unaligned(word);
+        i += 8;
+    }
+    while i < len {
+        *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Relaxed);
+        i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copy_racing_copies_every_byte_at_any_alignment() {
+        let src: Vec<u8> = (0..100u8).collect();
+        for start in 0..9 {
+            for len in [0, 1, 7, 8, 9, 50, 100 - start] {
+                let mut dst = vec![0u8; len];
+                unsafe { super::copy_racing(src.as_ptr().add(start), dst.as_mut_ptr(), len) };
+                assert_eq!(dst, &src[start..start + len]);
+            }
+        }
+    }
+}
