@@ -80,43 +80,56 @@ impl Engine {
         let key = (p.block, chunk_of(p.offset));
         let window = self.shared.counters.iterations.load(std::sync::atomic::Ordering::Relaxed);
         let chunk = &self.blocks[key.0 as usize].chunks[key.1];
-        if chunk.local.is_none() {
-            if chunk.staged_in == Some(window) {
-                return Ok(None);
-            }
+        if chunk.local.is_none() && chunk.staged_in != Some(window) {
             let block = &self.ram.blocks()[p.block as usize];
             let (start, end) = block.chunk_range(key.1);
             let ptr = block.host_ptr(start);
             // SAFETY: the chunk lies in a block the hypervisor keeps mapped.
             if unsafe { pin_would_copy(ptr, end - start) } {
                 self.chunk(key).staged_in = Some(window);
-                return Ok(None);
+            } else {
+                let mr = self.pin_chunk(key, ptr, end - start)?;
+                self.chunk(key).local = Some(mr);
             }
-            let len = end - start;
-            self.make_local_room(len, Some(key))?;
-            // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
-            let mr = match unsafe { self.pins.register(ptr, len, Access::empty()) } {
-                Err(e) if e.kind == ErrorKind::PinBudget => {
-                    // The kernel counts more than we do (another connection, mlock): unpin one more.
-                    self.pins.retried();
-                    if let Some((victim, hint)) = self.lru.victim(|k| k != key && self.can_unpin(k)) {
-                        self.unpin(victim, hint)?;
-                    }
-                    self.pins.settle();
-                    unsafe { self.pins.register(ptr, len, Access::empty())? }
-                }
-                r => r?,
-            };
-            self.chunk(key).local = Some(mr);
         }
-        self.lru.touch(key);
+        self.used(key);
         Ok(self.chunk(key).local.as_ref().map(|mr| mr.lkey()))
+    }
+
+    /// Registers chunk `key` (`len` bytes at `ptr`) read-only within the budget.
+    fn pin_chunk(&mut self, key: ChunkKey, ptr: *mut u8, len: u64) -> Result<MemoryRegion> {
+        self.make_local_room(len, Some(key))?;
+        // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
+        match unsafe { self.pins.register(ptr, len, Access::empty()) } {
+            Err(e) if e.kind == ErrorKind::PinBudget => {
+                // The kernel counts more than we do (another connection, mlock): unpin one more.
+                self.pins.retried();
+                if let Some((victim, hint)) = self.lru.victim(|k| k != key && self.can_unpin(k)) {
+                    self.unpin(victim, hint)?;
+                }
+                self.pins.settle();
+                unsafe { self.pins.register(ptr, len, Access::empty()) }
+            }
+            r => r,
+        }
+    }
+
+    /// Chunk `key` was just used: the last to go, if it holds anything that can.
+    fn used(&mut self, key: ChunkKey) {
+        if self.holds_pins(key) {
+            self.lru.touch(key);
+        }
+    }
+
+    /// Whether chunk `key` holds a registration this side can unpin.
+    fn holds_pins(&self, key: ChunkKey) -> bool {
+        let chunk = &self.blocks[key.0 as usize].chunks[key.1];
+        chunk.local.is_some() || (self.remote_unpins() && chunk.remote_rkey.is_some())
     }
 
     /// Whether chunk `key` holds a registration that may go now.
     fn can_unpin(&self, key: ChunkKey) -> bool {
-        let chunk = &self.blocks[key.0 as usize].chunks[key.1];
-        !chunk.awaiting && (chunk.local.is_some() || (self.remote_unpins() && chunk.remote_rkey.is_some()))
+        !self.blocks[key.0 as usize].chunks[key.1].awaiting && self.holds_pins(key)
     }
 
     /// Unpins until `len` more bytes fit this side's budget (`except` stays).
@@ -164,7 +177,7 @@ impl Engine {
     pub(super) fn registered_remotely(&mut self, key: ChunkKey, rkey: u32) {
         self.remote_pinned += self.chunk_len(key);
         self.chunk(key).remote_rkey = Some(rkey);
-        self.lru.touch(key);
+        self.used(key);
     }
 
     /// Drops chunk `key`'s registrations: the local MR once its writes are
