@@ -2,9 +2,9 @@
 //! known point of the source's script, in pin-all and in dynamic mode. The
 //! survivor must never report a completed migration.
 //!
-//! The killed side runs as a child process (this test binary re-executed on
-//! one ignored test, as in `abort.rs`). The child reports on its stdout, one
-//! `KILLPOINT ...` line at a time, so the parent knows exactly where it is.
+//! The killed side runs as a child process (`child.rs`: this test binary
+//! re-executed on one ignored test). The child reports on its stdout, one
+//! `REPORT ...` line at a time, so the parent knows exactly where it is.
 //!
 //! - `source_killed_at_every_point`: the child is the source; it reports the
 //!   point it reached and then blocks (sleeps) until the parent, the
@@ -15,15 +15,14 @@
 //!   parent, the source, kills it when its script reaches the point, runs the
 //!   rest of the script ignoring errors, and `close` must fail.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::path::Path;
+use std::process::ExitStatus;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use rdmamig::{Config, Destination, Ending, Error, Read, Result, Source};
 
+use crate::child::{bounded, child_setting, kill, ChildExe, Peer, REPORT};
 use crate::migration::{listen, rdma_ip, Layout, PAGE};
 
 const MIB: u64 = 1 << 20;
@@ -39,7 +38,6 @@ const RUN_BOUND: Duration = Duration::from_secs(60);
 
 const SOURCE_CHILD_ENV: &str = "RDMAMIG_KILLPOINT_SOURCE";
 const DEST_CHILD_ENV: &str = "RDMAMIG_KILLPOINT_DEST";
-const REPORT: &str = "KILLPOINT ";
 const IN_CLOSE: &str = "in-close";
 
 /// Every point, in the order the source's script reaches them.
@@ -157,129 +155,6 @@ impl Script<'_> {
         self.point(IN_CLOSE);
         source.close()
     }
-}
-
-/// A private copy of this test binary for the children, removed on drop. Other
-/// builds may rewrite the binary in target/ while the runs go on (the guest
-/// sees the host's tree live); a child exec'ing a half-written binary crashes.
-struct ChildExe(PathBuf);
-
-impl ChildExe {
-    fn copy() -> ChildExe {
-        let path = std::env::temp_dir().join(format!("rdmamig-killpoints-{}", std::process::id()));
-        std::fs::copy("/proc/self/exe", &path).unwrap();
-        ChildExe(path)
-    }
-}
-
-impl Drop for ChildExe {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A child process reporting `KILLPOINT ...` lines on its stdout; killed on drop.
-struct Peer {
-    child: Option<Child>,
-    lines: Receiver<String>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl Peer {
-    fn spawn(exe: &Path, test: &str, env: &str, value: &str) -> Peer {
-        let mut child = Command::new(exe)
-            .args(["--ignored", "--exact", test, "--nocapture", "--test-threads=1"])
-            .env(env, value)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        let reader = thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // libtest may have printed "test NAME ... " without a newline before the test's output.
-                if let Some(at) = line.find(REPORT) {
-                    if tx.send(line[at + REPORT.len()..].to_string()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        Peer { child: Some(child), lines, reader: Some(reader) }
-    }
-
-    /// The child's next report; fails if it exits or stays silent for `timeout`.
-    fn next(&mut self, timeout: Duration) -> String {
-        match self.lines.recv_timeout(timeout) {
-            Ok(line) => line,
-            Err(RecvTimeoutError::Timeout) => panic!("the child reported nothing for {timeout:?}"),
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.as_mut().map(|c| c.wait().unwrap());
-                panic!("the child exited ({status:?}) without a report")
-            }
-        }
-    }
-
-    fn expect(&mut self, report: &str) {
-        let got = self.next(Duration::from_secs(60));
-        assert_eq!(got, report, "unexpected report from the child");
-    }
-
-    /// Takes the child out, to be killed elsewhere.
-    fn take(&mut self) -> Child {
-        self.child.take().expect("the child was already killed")
-    }
-
-    /// SIGKILLs the child now; returns when the signal was sent.
-    fn kill(&mut self) -> Instant {
-        kill(self.take()).0
-    }
-
-    /// Reports the child made after the kill (its output ended with its death).
-    fn rest(&mut self) -> Vec<String> {
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        self.lines.try_iter().collect()
-    }
-}
-
-/// SIGKILLs `child`; returns when the signal was sent and how the child ended.
-fn kill(mut child: Child) -> (Instant, ExitStatus) {
-    let at = Instant::now();
-    child.kill().unwrap();
-    let status = child.wait().unwrap();
-    (at, status)
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.take() {
-            let _ = kill(c);
-        }
-    }
-}
-
-/// Runs `f` in a thread and fails if it takes longer than `bound` (a hang).
-fn bounded<T: Send + 'static>(bound: Duration, what: String, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let handle = thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(bound) {
-        Ok(v) => {
-            handle.join().unwrap();
-            v
-        }
-        Err(RecvTimeoutError::Timeout) => panic!("{what}: no result after {bound:?} (hang)"),
-        Err(RecvTimeoutError::Disconnected) => std::panic::resume_unwind(handle.join().unwrap_err()),
-    }
-}
-
-/// Parses a child's `<port> <point> <pin_all>` or `<pin_all>` setting.
-fn child_setting(env: &str) -> Option<Vec<String>> {
-    std::env::var(env).ok().map(|v| v.split_whitespace().map(str::to_string).collect())
 }
 
 /// Runs as a separate process: a source that reports the point it reached and blocks there.

@@ -10,11 +10,13 @@
 //! `RXE_VM_DEV` (device name, default rxe0).
 
 mod abort;
+mod child;
 mod hostile;
 mod killpoints;
 mod liveness;
 mod memory;
 mod migration;
+mod pinning;
 mod qemu;
 mod setup;
 mod smoke;

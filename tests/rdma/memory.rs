@@ -23,20 +23,18 @@
 //!
 //! - `untouched_source_pages_stay_unallocated`: the source runs in a child
 //!   process (this test binary re-executed on an ignored test) so that its
-//!   VmRSS is its own; it reports its figures on stdout in `MEMORY ...` lines.
+//!   VmRSS is its own; it reports its figures on stdout in `REPORT ...` lines (`crate::child`).
 //! - `a_page_pinned_untouched_reaches_the_destination_after_the_guest_writes_it`
 //! - `a_forked_child_writing_registered_memory_does_not_change_what_is_sent`
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rdmamig::{Config, Destination, Ending, Source};
 
+use crate::child::{ChildExe, Peer, REPORT};
 use crate::migration::{connect, listen, one_block, rdma_ip, GuestRam, Rng, PAGE};
 
 const MIB: u64 = 1 << 20;
@@ -44,7 +42,6 @@ const MIB: u64 = 1 << 20;
 const CHUNK_PAGES: u64 = MIB / PAGE;
 const WORDS: usize = (PAGE / 8) as usize;
 
-const REPORT: &str = "MEMORY ";
 const SOURCE_CHILD_ENV: &str = "RDMAMIG_MEMORY_SOURCE_PORT";
 
 /// Turns transparent huge pages off for `len` bytes of `ram` (before any touch).
@@ -148,75 +145,6 @@ impl Backing {
     }
 }
 
-/// A private copy of this test binary for the children, removed on drop:
-/// other builds may rewrite the binary in target/ while the tests run.
-struct ChildExe(PathBuf);
-
-impl ChildExe {
-    fn copy() -> ChildExe {
-        let path = std::env::temp_dir().join(format!("rdmamig-memory-{}", std::process::id()));
-        std::fs::copy("/proc/self/exe", &path).unwrap();
-        ChildExe(path)
-    }
-}
-
-impl Drop for ChildExe {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A re-executed test binary running one ignored test; killed on drop.
-struct ChildTest(Option<Child>);
-
-impl ChildTest {
-    fn spawn(exe: &Path, test: &str, env: &str, value: &str) -> ChildTest {
-        let child = Command::new(exe)
-            .args(["--ignored", "--exact", test, "--nocapture", "--test-threads=1"])
-            .env(env, value)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        ChildTest(Some(child))
-    }
-
-    /// Waits for the child (at most `bound`); returns whether it succeeded and its `MEMORY ...` reports.
-    fn finish(&mut self, bound: Duration) -> (bool, Vec<String>) {
-        let mut child = self.0.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let reader = thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-                // libtest may have printed "test NAME ... " without a newline first.
-                .filter_map(|l| l.find(REPORT).map(|at| l[at + REPORT.len()..].to_string()))
-                .collect::<Vec<_>>()
-        });
-        let deadline = Instant::now() + bound;
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the child ran longer than {bound:?}");
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        (status.success(), reader.join().unwrap())
-    }
-}
-
-impl Drop for ChildTest {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// `key=value` from a report line.
 fn field(line: &str, key: &str) -> u64 {
     line.split_whitespace()
@@ -298,11 +226,11 @@ fn untouched_source_pages_stay_unallocated() {
     // Garbage, so the untouched pages must really arrive as zeros.
     let dst = GuestRam::new(HALF_TOUCHED, 0xAA);
     let (listener, port) = listen(&config);
-    let mut child = ChildTest::spawn(&exe.0, "memory::untouched_source_child", SOURCE_CHILD_ENV, &port.to_string());
+    let mut child = Peer::spawn(&exe.0, "memory::untouched_source_child", SOURCE_CHILD_ENV, &port.to_string());
     let dest = Destination::accept(&listener, &one_block(&dst, HALF_TOUCHED), Some(Duration::from_secs(60))).unwrap();
     assert_eq!(dest.wait_end(Some(Duration::from_secs(120))).unwrap(), Ending::Completed);
-    let (ok, reports) = child.finish(Duration::from_secs(60));
-    assert!(ok, "the source child failed (reports {reports:?})");
+    let (status, reports) = child.finish(Duration::from_secs(60));
+    assert!(status.success(), "the source child failed: {status} (reports {reports:?})");
     let [report] = &reports[..] else { panic!("expected one report from the child, got {reports:?}") };
     println!("source child: {report}");
 
