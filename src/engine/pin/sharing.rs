@@ -8,7 +8,6 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::OnceLock;
 
 use crate::engine::is_zero;
 
@@ -38,11 +37,11 @@ fn page_size() -> u64 {
 /// # Safety
 /// `ptr..ptr + len` is mapped and readable.
 pub unsafe fn pin_would_copy(ptr: *const u8, len: u64) -> bool {
-    static PAGEMAP: OnceLock<Option<File>> = OnceLock::new();
     let page = page_size();
     let first = ptr as u64 / page;
     let last = (ptr as u64 + len).div_ceil(page);
-    if let Some(pagemap) = PAGEMAP.get_or_init(|| File::open("/proc/self/pagemap").ok()) {
+    // Opened for each check (once per chunk and window): a library keeps no descriptor of its own open.
+    if let Ok(pagemap) = File::open("/proc/self/pagemap") {
         let mut entries = vec![0u8; ((last - first) * 8) as usize];
         if pagemap.read_exact_at(&mut entries, first * 8).is_ok() {
             return entries.chunks_exact(8).any(|e| pin_copies(u64::from_ne_bytes(e.try_into().expect("8 bytes"))));
