@@ -3,6 +3,8 @@
 //! Threads: each connection has one library thread that owns its verbs
 //! objects: the source's transfer thread (fed by a lock-free queue) and the
 //! destination's service thread. Hypervisor threads only queue work and wait.
+//! Two more do pinning work off those threads (`pin`): the process-wide
+//! unregistration worker, and a connection's pin-all registration thread.
 
 pub mod config;
 mod destination;
