@@ -9,6 +9,7 @@
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
 #   make bench           the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
+#   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
 #
 # The shared library is linked here from the staticlib, with the version script
 # abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
@@ -54,7 +55,7 @@ CTEST_SRCS := $(wildcard c-tests/*.c)
 CTEST_BINS := $(patsubst c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
 HOST_TESTS := $(filter $(CTEST_DIR)/test_%,$(CTEST_BINS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -130,6 +131,12 @@ demo: all $(CTEST_DIR)/rdma_test_demo
 BENCH_DEMO := $(TARGET_DIR)/bench/rdma_demo
 bench: all $(BENCH_DEMO)
 	bash scripts/bench-anchor.sh '$(BENCH_DEMO) --mib 512 && $(BENCH_DEMO) --mib 512 --pin-all'
+
+# The time close and the final iteration spend deregistering, with the
+# unregistration worker and without: a 1 GiB guest per side in a 4G guest,
+# three boots, medians (scripts/bench-unregister.sh; BENCH_BOOTS, RXE_VM_MEM).
+bench-unregister:
+	bash scripts/bench-unregister.sh --mib 1024
 
 $(BENCH_DEMO): c-tests/rdma_test_demo.c include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(dir $@)

@@ -28,7 +28,8 @@
 # passed, 1 if something failed, 125 if the guest itself failed (rxe-vm.sh:
 # setup, RXE_VM_TIMEOUT); steps that did not run count as failed.
 # Run as root.  Environment: RDMA_SUITE_STEP_TIMEOUT (seconds per step,
-# default 600); RXE_VM_* (see scripts/rxe-vm.sh).
+# default 600); RXE_VM_* (see scripts/rxe-vm.sh); RXE_VM_MEM defaults to 4G
+# for the main guest here (tests/rdma/pin_all.rs needs 2 GiB of test RAM).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 125
 VM=$PWD/scripts/rxe-vm.sh
@@ -89,8 +90,10 @@ for t in target/c-tests/rdma_test_*; do
 done
 [ $c_tests != 0 ] || echo "rdma-suite: no C RDMA tests (target/c-tests/rdma_test_*): skipped"
 
-# In the guest: run each step (with a timeout), one result line each.
-RXE_VM_SHARE="${RXE_VM_SHARE:-} $RDMA_SUITE_DIR" "$VM" '
+# In the guest: run each step (with a timeout), one result line each.  The
+# guest gets 4G unless RXE_VM_MEM says otherwise: pin_all:: migrates 1 GiB per
+# side in two processes (the --pair boots below keep rxe-vm.sh's default).
+RXE_VM_MEM=${RXE_VM_MEM:-4G} RXE_VM_SHARE="${RXE_VM_SHARE:-} $RDMA_SUITE_DIR" "$VM" '
 step() {
     local name=$1 rc result
     shift

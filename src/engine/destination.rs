@@ -72,16 +72,11 @@ impl Destination {
         let counters = Arc::new(Counters::new());
         let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout)?;
         let pins = Pins::new(link.pd.clone(), listener.config(), counters.clone())?;
-        // Pin-all starts now, while the source gets ready to ask for the blocks.
-        let pin_all = match link.negotiated.pin_all {
-            true => Some(pins.pin_all(ram, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?),
-            false => None,
-        };
         let unregistration = pins.worker();
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
-        let service = Service::new(link, pins, pin_all, ram.clone(), shared.clone());
+        let service = Service::new(link, pins, ram.clone(), shared.clone());
         let thread = thread::Builder::new()
             .name("rdmamig-dest".into())
             .spawn(move || service.run())
@@ -251,11 +246,11 @@ fn entries<E: crate::wire::Entry>(m: &Message) -> Result<Vec<E>> {
 }
 
 impl Service {
-    fn new(link: Link, pins: Pins, pin_all: Option<PinAll>, ram: RamBlocks, shared: Arc<Shared>) -> Service {
+    fn new(link: Link, pins: Pins, ram: RamBlocks, shared: Arc<Shared>) -> Service {
         let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| ChunkReg::Free).collect()).collect();
         let whole = ram.blocks().iter().map(|_| None).collect();
         let order = (0..ram.len()).collect();
-        Service { link, pins, pin_all, ram, shared, order, chunks, whole, in_window: false }
+        Service { link, pins, pin_all: None, ram, shared, order, chunks, whole, in_window: false }
     }
 
     fn run(mut self) {
@@ -304,6 +299,11 @@ impl Service {
     }
 
     fn serve(&mut self) -> Result<Ending> {
+        // Pin-all starts here, on its own thread, while the source gets ready
+        // to ask for the blocks; the first READY goes out without waiting for it.
+        if self.link.negotiated.pin_all {
+            self.pin_all = Some(self.pins.pin_all(&self.ram, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?);
+        }
         loop {
             self.wait_for_room()?;
             let shared = self.shared.clone();

@@ -11,11 +11,13 @@
 
 mod abort;
 mod child;
+mod hints;
 mod hostile;
 mod killpoints;
 mod liveness;
 mod memory;
 mod migration;
+mod pin_all;
 mod pinning;
 mod qemu;
 mod setup;

@@ -49,6 +49,8 @@ const CQ_ENTRIES: i32 = 1024;
 const EVENT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How long an abort waits until the peer can take an ERROR (see `send_error`).
 const ERROR_GRACE: Duration = Duration::from_secs(1);
+/// How long the source waits for the destination to close first (see `await_peer_close`).
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 impl From<VerbsError> for Error {
     fn from(e: VerbsError) -> Self {
@@ -518,6 +520,16 @@ impl Link {
     pub fn wait_write(&mut self, seq: u64) -> Result<()> {
         let deadline = self.deadline();
         self.wait_until("RDMA WRITEs to complete", deadline, |l| l.writes_completed >= seq)
+    }
+
+    /// After the last exchange (the source's END_ACK): waits up to
+    /// `CLOSE_GRACE` for the peer to disconnect first. Disconnecting at once
+    /// could reach the peer before the acknowledgement of its last SEND (a
+    /// connection event overtakes a transport ACK on rxe), which would flush
+    /// that SEND there and make the peer's end a failure.
+    pub fn await_peer_close(&mut self) {
+        let deadline = Some(Instant::now() + CLOSE_GRACE);
+        let _ = self.wait_until("the peer to close the connection", deadline, |l| l.lost.is_some());
     }
 
     /// Best effort on abort: tell the peer with an ERROR message. The peer

@@ -108,7 +108,9 @@ fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
 fn prefault(host: usize, len: u64, counters: &Counters) {
     let page = page_size();
     let pieces = len.div_ceil(PIECE);
-    let threads = thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS).min(pieces as usize);
+    // One CPU stays free for the connection's own threads (and the guest's hypervisor).
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cpus - 1).clamp(1, MAX_THREADS).min(pieces as usize);
     let next = AtomicU64::new(0);
     thread::scope(|s| {
         for _ in 0..threads {

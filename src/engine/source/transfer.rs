@@ -98,11 +98,6 @@ pub(super) struct Engine {
 impl Engine {
     pub fn new(link: Link, config: &Config, ram: RamBlocks, shared: Arc<Shared>) -> Result<Engine> {
         let pins = Pins::new(link.pd.clone(), config, shared.counters.clone())?;
-        // Pin-all pins for write, as QEMU does: every page is pinned anyway.
-        let pin_all = match link.negotiated.pin_all {
-            true => Some(pins.pin_all(&ram, Access::LOCAL_WRITE)?),
-            false => None,
-        };
         let remote_budget = link.peer_pin_budget.filter(|_| link.negotiated.extensions);
         let blocks = ram
             .blocks()
@@ -122,7 +117,7 @@ impl Engine {
             blocks,
             blocks_exchanged: false,
             pins,
-            pin_all,
+            pin_all: None,
             lru: Lru::default(),
             remote_budget,
             remote_pinned: 0,
@@ -174,6 +169,11 @@ impl Engine {
     }
 
     fn serve(&mut self) -> Result<()> {
+        // Pin-all starts at connect, on its own thread, and overlaps the
+        // destination's; it pins for write, as QEMU does (every page is pinned anyway).
+        if self.link.negotiated.pin_all {
+            self.pin_all = Some(self.pins.pin_all(&self.ram, Access::LOCAL_WRITE)?);
+        }
         loop {
             if self.link.stop.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
@@ -243,6 +243,7 @@ impl Engine {
                 let summary = EndSummary { stream_bytes: stats.stream_bytes, windows: stats.iterations };
                 self.link.request(CommandType::End, |w| w.push(&summary), CommandType::EndAck, |_| Ok(()))?;
                 done.set(Ok(()));
+                self.link.await_peer_close();
                 Ok(())
             }
         }
