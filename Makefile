@@ -138,7 +138,7 @@ bench: all $(BENCH_DEMO)
 bench-unregister:
 	bash scripts/bench-unregister.sh --mib 1024
 
-$(BENCH_DEMO): c-tests/rdma_test_demo.c include/rdmamig.h $(SHLIB) Makefile
+$(BENCH_DEMO): c-tests/rdma_test_demo.c include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iinclude -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 

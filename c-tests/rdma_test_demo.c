@@ -634,9 +634,9 @@ static int source(unsigned mib, int pin_all, uint16_t port) {
            st.zero_chunks, st.registration_round_trips);
     if (verbose)
         printf("demo: counters mode=%s dirtied=%" PRIu64 " pages final_round_pages=%" PRIu64 " registered_chunks=%" PRIu64
-           " control_messages=%" PRIu64 " pinned_peak=%" PRIu64 " MiB iteration_end_ms=%.1f\n",
+           " control_messages=%" PRIu64 " pinned_peak=%" PRIu64 " MiB staged=%" PRIu64 " MiB iteration_end_ms=%.1f\n",
            mode, atomic_load(&s.dirtied), final_sent, st.chunks_registered, st.control_messages, st.pinned_bytes_peak / MIB,
-           (double)st.iteration_end_ns / 1e6);
+           st.staged_bytes / MIB, (double)st.iteration_end_ns / 1e6);
     rc = 0;
 fail:
     if (writer_running) {

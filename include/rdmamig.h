@@ -45,9 +45,9 @@
 
 /**
  * The size of the second version of `rdmamig_stats` (every field up to
- * `pin_all_progress_bytes`).
+ * `staged_bytes`).
  */
-#define RDMAMIG_STATS_SIZE_V2 160
+#define RDMAMIG_STATS_SIZE_V2 168
 
 /**
  * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success;
@@ -378,6 +378,12 @@ typedef struct {
    * Pin-all: bytes of guest RAM pre-faulted for registration so far.
    */
   uint64_t pin_all_progress_bytes;
+  /**
+   * Source: bytes written through the staging buffer, from chunks not
+   * pinned because pinning would allocate or copy their pages (never
+   * touched, the shared zero page, shared by KSM or with a forked child).
+   */
+  uint64_t staged_bytes;
 } rdmamig_stats;
 
 /**

@@ -53,6 +53,9 @@ macro_rules! stats_fields {
             fork_mode,
             /// Pin-all: bytes of guest RAM pre-faulted or registered so far.
             pin_all_progress_bytes,
+            /// Source: bytes written through the staging buffer, from chunks not
+            /// pinned because pinning would allocate or copy their pages.
+            staged_bytes,
         }
     };
 }

@@ -76,11 +76,15 @@ pub struct rdmamig_stats {
     pub fork_mode: u64,
     /// Pin-all: bytes of guest RAM pre-faulted for registration so far.
     pub pin_all_progress_bytes: u64,
+    /// Source: bytes written through the staging buffer, from chunks not
+    /// pinned because pinning would allocate or copy their pages (never
+    /// touched, the shared zero page, shared by KSM or with a forked child).
+    pub staged_bytes: u64,
 }
 
 /// The size of the second version of `rdmamig_stats` (every field up to
-/// `pin_all_progress_bytes`).
-pub const RDMAMIG_STATS_SIZE_V2: u32 = 160;
+/// `staged_bytes`).
+pub const RDMAMIG_STATS_SIZE_V2: u32 = 168;
 
 const _: () = assert!(size_of::<rdmamig_stats>() == RDMAMIG_STATS_SIZE_V2 as usize);
 // Every engine counter has its field (the names are checked by `fill`).
@@ -167,14 +171,14 @@ mod tests {
     fn fill_writes_what_fits() {
         let stats = Stats { bytes_written: 1, stream_bytes: 10, fork_mode: 2, ..Default::default() };
         // A caller built against the first header: nothing past its struct is written.
-        let mut buf = [0x55u64; 22];
+        let mut buf = [0x55u64; 23];
         let out = buf.as_mut_ptr().cast::<rdmamig_stats>();
         unsafe { fill(out, RDMAMIG_STATS_SIZE_V1, &stats) };
         assert_eq!(buf[0] as u32, RDMAMIG_STATS_SIZE_V1);
         assert_eq!((buf[1], buf[10]), (1, 10));
-        assert_eq!(&buf[11..], &[0x55u64; 11]);
+        assert_eq!(&buf[11..], &[0x55u64; 12]);
         // A caller with a newer, bigger struct: the tail is left alone.
-        unsafe { fill(out, 176, &stats) };
+        unsafe { fill(out, 184, &stats) };
         let got = unsafe { *out };
         assert_eq!(
             got,
@@ -186,6 +190,6 @@ mod tests {
                 ..Default::default()
             }
         );
-        assert_eq!(buf[21], 0x55);
+        assert_eq!(buf[22], 0x55);
     }
 }

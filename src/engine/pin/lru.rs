@@ -21,6 +21,9 @@ pub enum Hint {
 #[derive(Debug)]
 pub struct Lru<K> {
     tick: u64,
+    /// The key touched last: touching it again changes nothing (the common
+    /// case: consecutive writes to one chunk), so it costs no map update.
+    last: Option<K>,
     /// Each pinned key's last use.
     used: HashMap<K, u64>,
     /// (hint, last use, key): the first is unpinned first.
@@ -31,7 +34,7 @@ pub struct Lru<K> {
 
 impl<K: Copy + Ord + Hash> Default for Lru<K> {
     fn default() -> Self {
-        Lru { tick: 0, used: HashMap::new(), order: BTreeSet::new(), hints: HashMap::new() }
+        Lru { tick: 0, last: None, used: HashMap::new(), order: BTreeSet::new(), hints: HashMap::new() }
     }
 }
 
@@ -42,6 +45,10 @@ impl<K: Copy + Ord + Hash> Lru<K> {
 
     /// `key` is pinned and was just used: it becomes the last of its hint class to go.
     pub fn touch(&mut self, key: K) {
+        if self.last == Some(key) {
+            return;
+        }
+        self.last = Some(key);
         self.tick += 1;
         let hint = self.hint_of(key);
         if let Some(old) = self.used.insert(key, self.tick) {
@@ -52,6 +59,9 @@ impl<K: Copy + Ord + Hash> Lru<K> {
 
     /// `key` is no longer pinned.
     pub fn remove(&mut self, key: K) {
+        if self.last == Some(key) {
+            self.last = None;
+        }
         if let Some(old) = self.used.remove(&key) {
             self.order.remove(&(self.hint_of(key), old, key));
         }
@@ -82,8 +92,13 @@ mod tests {
     use super::*;
 
     fn order(lru: &Lru<u32>) -> Vec<u32> {
-        let mut lru_copy =
-            Lru { tick: lru.tick, used: lru.used.clone(), order: lru.order.clone(), hints: lru.hints.clone() };
+        let mut lru_copy = Lru {
+            tick: lru.tick,
+            last: None,
+            used: lru.used.clone(),
+            order: lru.order.clone(),
+            hints: lru.hints.clone(),
+        };
         let mut out = Vec::new();
         while let Some((k, _)) = lru_copy.victim(|_| true) {
             lru_copy.remove(k);
@@ -101,8 +116,13 @@ mod tests {
         assert_eq!(order(&lru), [0, 1, 2, 3]);
         lru.touch(0);
         assert_eq!(order(&lru), [1, 2, 3, 0]);
+        lru.touch(0);
+        assert_eq!(order(&lru), [1, 2, 3, 0], "touched twice in a row");
         lru.remove(2);
         assert_eq!(order(&lru), [1, 3, 0]);
+        lru.remove(0);
+        lru.touch(0);
+        assert_eq!(order(&lru), [1, 3, 0], "removed, then pinned again");
         assert!(!lru.used.contains_key(&2));
     }
 

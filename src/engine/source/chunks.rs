@@ -114,9 +114,11 @@ impl Engine {
         }
     }
 
-    /// Chunk `key` was just used: the last to go, if it holds anything that can.
+    /// Chunk `key` was just used: the last to go, if it holds anything that
+    /// can (and there is a budget: without one nothing is ever unpinned).
     fn used(&mut self, key: ChunkKey) {
-        if self.holds_pins(key) {
+        let budgeted = self.pins.budget().is_some() || self.remote_budget.is_some();
+        if budgeted && self.holds_pins(key) {
             self.lru.touch(key);
         }
     }

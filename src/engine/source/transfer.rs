@@ -493,6 +493,7 @@ impl Engine {
         }
         if let (true, Some(staging)) = (staged, &mut self.staging) {
             staging.posted(seq);
+            Counters::add(&self.shared.counters.staged_bytes, p.len);
         } else if !self.link.negotiated.pin_all {
             self.blocks[p.block as usize].chunks[chunk_of(p.offset)].last_write = seq;
         }
