@@ -10,8 +10,8 @@
 //!   source (which never unpins) against a destination with a 32 MiB budget.
 //! - `an_rdmamig_source_plans_within_the_destination_budget`: an unlimited
 //!   rdmamig source keeps a 32 MiB destination within its announced budget.
-//! - `an_rdmamig_source_keeps_its_own_budget`: a 32 MiB source toward an
-//!   unlimited destination.
+//! - `a_source_keeps_its_own_budget`: a 32 MiB source toward an unlimited
+//!   destination, rdmamig and QEMU-compatible.
 //!
 //! A sampler thread reads `stats()` every millisecond on each side it checks.
 
@@ -33,7 +33,7 @@ const MEMLOCK: u64 = 64 * MIB;
 const GUEST_RAM: u64 = 256 * MIB;
 /// The destination's configured budget in the one-process tests.
 const DEST_BUDGET: u64 = 32 * MIB;
-/// The source's configured budget in `an_rdmamig_source_keeps_its_own_budget`.
+/// The source's configured budget in `a_source_keeps_its_own_budget`.
 const SOURCE_BUDGET: u64 = 32 * MIB;
 /// Guest RAM in the one-process tests: four times those budgets.
 const RAM: u64 = 128 * MIB;
@@ -467,49 +467,55 @@ fn an_rdmamig_source_plans_within_the_destination_budget() {
 }
 
 #[test]
-fn an_rdmamig_source_keeps_its_own_budget() {
+fn a_source_keeps_its_own_budget() {
     // Source 32 MiB, destination unlimited (root in the guest, no budget
     // announced): the source's own budget is the only one that binds. (In the
     // other tests the source's registrations are a subset of the ones it
-    // keeps on the destination, so its own budget never binds first.)
-    let mut src_ram = GuestRam::new(RAM, 0);
-    fill(&mut src_ram, RAM, SEED);
-    let dst_ram = GuestRam::new(RAM, 0xAA);
-    let src_config = Config { pin_budget: Some(SOURCE_BUDGET), ..Config::default() };
-    let (source, dest) = connect(&one_block(&src_ram, RAM), &src_config, one_block(&dst_ram, RAM), &Config::default());
-    assert!(source.negotiated().extensions);
-    assert!(!source.negotiated().pin_all);
-    assert_eq!(source.stats().pin_budget, SOURCE_BUDGET);
-    assert_eq!(dest.stats().pin_budget, u64::MAX, "the destination must be unlimited here (root in the guest)");
-    let source = RwLock::new(source);
-    let start = Instant::now();
-    let (windows, samples) =
-        sampled(SOURCE_BUDGET, || source_stats(&source), || two_windows(&source, &mut src_ram, RAM, SEED));
-    let source = source.into_inner().unwrap();
-    let src_stats = source.stats();
-    let closed = source.close();
-    let end = dest.wait_end(Some(Duration::from_secs(30)));
-    let stats = dest.stats();
-    println!(
-        "pinning own budget after {:?}: windows {windows:?}, close {closed:?}, destination end {end:?}\n  \
-         source {}; {}\n  destination {}",
-        start.elapsed(),
-        samples.describe(),
-        stat_line(&src_stats),
-        stat_line(&stats)
-    );
-    windows.unwrap();
-    assert_eq!(closed.unwrap(), Ending::Completed);
-    assert_eq!(end.unwrap(), Ending::Completed);
-    assert!(src_ram.bytes() == dst_ram.bytes(), "destination RAM differs from the source's");
-    check(&dst_ram, RAM, SEED).unwrap();
-    samples.assert_within("source", SOURCE_BUDGET);
-    assert!(
-        src_stats.pinned_bytes_peak <= SOURCE_BUDGET,
-        "source peak {} over its budget",
-        src_stats.pinned_bytes_peak
-    );
-    assert!(src_stats.unpins > 0, "the source unpinned nothing: {src_stats:?}");
-    // Its unpins unregister on the destination too, so that stays small as well.
-    assert!(stats.unpins > 0, "{stats:?}");
+    // keeps on the destination, so its own budget never binds first.) Toward
+    // a QEMU-compatible destination (no extensions) only the source's own
+    // registrations can go: the destination keeps what it registered.
+    for extensions in [true, false] {
+        let mut src_ram = GuestRam::new(RAM, 0);
+        fill(&mut src_ram, RAM, SEED);
+        let dst_ram = GuestRam::new(RAM, 0xAA);
+        let src_config = Config { pin_budget: Some(SOURCE_BUDGET), extensions, ..Config::default() };
+        let dst_config = Config { extensions, ..Config::default() };
+        let (source, dest) = connect(&one_block(&src_ram, RAM), &src_config, one_block(&dst_ram, RAM), &dst_config);
+        assert_eq!(source.negotiated().extensions, extensions);
+        assert!(!source.negotiated().pin_all);
+        assert_eq!(source.stats().pin_budget, SOURCE_BUDGET);
+        assert_eq!(dest.stats().pin_budget, u64::MAX, "the destination must be unlimited here (root in the guest)");
+        let source = RwLock::new(source);
+        let start = Instant::now();
+        let (windows, samples) =
+            sampled(SOURCE_BUDGET, || source_stats(&source), || two_windows(&source, &mut src_ram, RAM, SEED));
+        let source = source.into_inner().unwrap();
+        let src_stats = source.stats();
+        let closed = source.close();
+        let end = dest.wait_end(Some(Duration::from_secs(30)));
+        let stats = dest.stats();
+        println!(
+            "pinning own budget (extensions {extensions}) after {:?}: windows {windows:?}, close {closed:?}, \
+             destination end {end:?}\n  source {}; {}\n  destination {}",
+            start.elapsed(),
+            samples.describe(),
+            stat_line(&src_stats),
+            stat_line(&stats)
+        );
+        windows.unwrap();
+        let ending = if extensions { Ending::Completed } else { Ending::Unverified };
+        assert_eq!(closed.unwrap(), ending);
+        assert_eq!(end.unwrap(), ending);
+        assert!(src_ram.bytes() == dst_ram.bytes(), "destination RAM differs from the source's");
+        check(&dst_ram, RAM, SEED).unwrap();
+        samples.assert_within("source", SOURCE_BUDGET);
+        assert!(
+            src_stats.pinned_bytes_peak <= SOURCE_BUDGET,
+            "source peak {} over its budget",
+            src_stats.pinned_bytes_peak
+        );
+        assert!(src_stats.unpins > 0, "the source unpinned nothing: {src_stats:?}");
+        // Its unpins unregister on an rdmamig destination too, so that stays small as well.
+        assert_eq!(stats.unpins > 0, extensions, "{stats:?}");
+    }
 }
