@@ -279,18 +279,24 @@ impl Link {
     /// events), but only once the CQ is empty: what the peer sent before it
     /// left (its last message, an ERROR) is still taken first.
     fn check_events(&mut self) -> Result<()> {
-        while self.lost.is_none() {
-            let Some(event) = self.id.channel().get_event(Some(Duration::ZERO))? else { break };
-            let kind = event.kind();
-            if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
-                self.closed_by_peer = kind != CmEventKind::DeviceRemoval;
-                self.lost = Some(Error::new(ErrorKind::Disconnected, format!("connection lost: {kind:?} event")));
-            }
-        }
+        while self.lost.is_none() && self.take_event(Duration::ZERO)? {}
         match self.lost.clone() {
             Some(e) if self.reap()? == 0 => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// Takes the next connection event, waiting up to `wait` for one; a
+    /// disconnect or a device removal marks the link lost. Returns whether
+    /// there was an event.
+    fn take_event(&mut self, wait: Duration) -> Result<bool> {
+        let Some(event) = self.id.channel().get_event(Some(wait))? else { return Ok(false) };
+        let kind = event.kind();
+        if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
+            self.closed_by_peer = kind != CmEventKind::DeviceRemoval;
+            self.lost = Some(Error::new(ErrorKind::Disconnected, format!("connection lost: {kind:?} event")));
+        }
+        Ok(true)
     }
 
     /// Whether the connection ended with the peer's disconnect (rather than
@@ -528,8 +534,13 @@ impl Link {
     /// connection event overtakes a transport ACK on rxe), which would flush
     /// that SEND there and make the peer's end a failure.
     pub fn await_peer_close(&mut self) {
-        let deadline = Some(Instant::now() + CLOSE_GRACE);
-        let _ = self.wait_until("the peer to close the connection", deadline, |l| l.lost.is_some());
+        let deadline = Instant::now() + CLOSE_GRACE;
+        while self.lost.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.take_event(left).is_err() {
+                return;
+            }
+        }
     }
 
     /// Best effort on abort: tell the peer with an ERROR message. The peer
