@@ -38,9 +38,11 @@ pub fn fork_mode() -> ForkMode {
     *MODE.get_or_init(verbs::fork_init)
 }
 
-/// The budget a connection side keeps: the configured one, within what
-/// RLIMIT_MEMLOCK leaves after the control channel; `None` is unlimited.
+/// The budget a connection side keeps: the configured one (`u64::MAX`:
+/// none of its own), within what RLIMIT_MEMLOCK leaves after the control
+/// channel; `None` is unlimited.
 fn effective_budget(configured: Option<u64>, memlock: Option<u64>) -> Option<u64> {
+    let configured = configured.filter(|&c| c != u64::MAX);
     let kernel = memlock.map(|m| m.saturating_sub(CONTROL_PINNED));
     match (configured, kernel) {
         (Some(c), Some(k)) => Some(c.min(k)),
@@ -202,5 +204,7 @@ mod tests {
         assert_eq!(effective_budget(None, Some(64 << 20)), Some((64 << 20) - CONTROL_PINNED));
         assert_eq!(effective_budget(Some(1 << 20), Some(64 << 20)), Some(1 << 20));
         assert_eq!(effective_budget(None, Some(4096)), Some(0));
+        assert_eq!(effective_budget(Some(u64::MAX), None), None, "UINT64_MAX: no budget of its own");
+        assert_eq!(effective_budget(Some(u64::MAX), Some(64 << 20)), Some((64 << 20) - CONTROL_PINNED));
     }
 }
