@@ -228,8 +228,9 @@ typedef struct rdmamig_config rdmamig_config;
  *
  * Thread safety: the functions that take a `const rdmamig_conn *`
  * (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
- * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
- * `rdmamig_conn_error_message`) may run at the same time, from any threads. Every other function, and the callbacks of
+ * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
+ * `rdmamig_conn_hint`, `rdmamig_conn_error_message`) may run at the same
+ * time, from any threads. Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
  * may run on the same connection at the same time. The library's own thread
  * (one per connection) makes progress without the hypervisor and calls
