@@ -59,7 +59,7 @@ impl Engine {
         if !self.link.negotiated.extensions {
             return 1;
         }
-        let budget = match (self.pins.budget(), self.remote_budget) {
+        let budget = match (self.pins.budget(), self.link.peer_pin_budget) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or(u64::MAX),
         };
@@ -117,7 +117,7 @@ impl Engine {
     /// Chunk `key` was just used: the last to go, if it holds anything that
     /// can (and there is a budget: without one nothing is ever unpinned).
     fn used(&mut self, key: ChunkKey) {
-        let budgeted = self.pins.budget().is_some() || self.remote_budget.is_some();
+        let budgeted = self.pins.budget().is_some() || self.link.peer_pin_budget.is_some();
         if budgeted && self.holds_pins(key) {
             self.lru.touch(key);
         }
@@ -152,7 +152,7 @@ impl Engine {
     /// Unpins until `bytes` more fit the destination's announced budget,
     /// and tells the destination before it is asked for more.
     pub(super) fn make_remote_room(&mut self, bytes: u64) -> Result<()> {
-        if let Some(budget) = self.remote_budget {
+        if let Some(budget) = self.link.peer_pin_budget {
             while self.remote_pinned + bytes > budget {
                 let victim = self
                     .lru

@@ -71,9 +71,8 @@ pub(super) struct Engine {
     pin_all: Option<PinAll>,
     /// Pinned chunks in the order they are unpinned.
     pub lru: Lru<ChunkKey>,
-    /// The destination's budget (rdmamig peers that announced one) and the
-    /// bytes of chunks registered there.
-    pub remote_budget: Option<u64>,
+    /// Bytes of chunks registered on the destination (held to the budget it
+    /// announced, `link.peer_pin_budget`).
     pub remote_pinned: u64,
     /// Chunks unpinned whose destination registration is still to be released.
     pub to_unregister: Vec<ChunkKey>,
@@ -98,7 +97,6 @@ pub(super) struct Engine {
 impl Engine {
     pub fn new(link: Link, config: &Config, ram: RamBlocks, shared: Arc<Shared>) -> Result<Engine> {
         let pins = Pins::new(link.pd.clone(), config, shared.counters.clone())?;
-        let remote_budget = link.peer_pin_budget.filter(|_| link.negotiated.extensions);
         let blocks = ram
             .blocks()
             .iter()
@@ -119,7 +117,6 @@ impl Engine {
             pins,
             pin_all: None,
             lru: Lru::default(),
-            remote_budget,
             remote_pinned: 0,
             to_unregister: Vec::new(),
             staging: None,
