@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 3
+#define RDMAMIG_VERSION_MINOR 4
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -159,6 +159,13 @@ enum rdmamig_status
    * to pin more than the destination's budget.
    */
   RDMAMIG_ERR_PIN_BUDGET = 19,
+  /**
+   * Peer authentication failed: the peer did not prove the pre-shared key
+   * (`rdmamig_config_set_auth_key`), does not authenticate while this side
+   * requires it, or (destination) its address is not allowed
+   * (`rdmamig_config_allow_source`).
+   */
+  RDMAMIG_ERR_AUTH = 20,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -545,6 +552,36 @@ rdmamig_status rdmamig_config_set_pin_budget(rdmamig_config *config, uint64_t by
  * connection deregisters on its own thread, and `rdmamig_conn_close` waits.
  */
 rdmamig_status rdmamig_config_set_unregister_worker(rdmamig_config *config, bool worker);
+
+/**
+ * Pre-shared key for peer authentication (rdmamig extension; needs the
+ * extensions on): `len` bytes at `key`, 16 to 1024, best drawn from a random
+ * source (nothing stretches a password). The source proves the key to the
+ * destination and the destination to the source, each over a fresh nonce of
+ * the other, before the destination registers any guest memory: a source
+ * without the key, with another key, or replaying a recorded handshake is
+ * refused (`RDMAMIG_ERR_AUTH`; a destination's accept keeps waiting for the
+ * next source). A side with a key refuses a peer without one, so it never
+ * migrates with QEMU. The library keeps a copy, wiped when the last config
+ * or connection holding it is freed, and never prints it. `(NULL, 0)`
+ * removes the key. Other lengths give `RDMAMIG_ERR_INVALID_ARGUMENT`.
+ *
+ * Only the start of the connection is authenticated: guest memory travels
+ * in RDMA WRITEs that are neither encrypted nor integrity-protected (see
+ * the README's security section).
+ */
+rdmamig_status rdmamig_config_set_auth_key(rdmamig_config *config, const uint8_t *key, size_t len);
+
+/**
+ * Destination: admit connections only from `prefix` (and the other
+ * prefixes added): an IPv4 or IPv6 address, alone or with a prefix length
+ * (`"198.18.0.2"`, `"198.18.0.0/24"`, `"fd00::/8"`). A request from any other
+ * address is rejected before anything is set up for it, and the accept
+ * keeps waiting. With no prefix added (the default) any address may
+ * connect. This is no authentication (addresses can be forged on a shared
+ * network): use it with `rdmamig_config_set_auth_key`.
+ */
+rdmamig_status rdmamig_config_allow_source(rdmamig_config *config, const char *prefix);
 
 /**
  * Connects, as the source, to a destination listening on `host:port` (a

@@ -35,6 +35,10 @@ pub enum ErrorKind {
     /// Memory could not be registered within the pin budget (or the kernel's
     /// memlock limit), or a peer asked for more than this side's budget.
     PinBudget,
+    /// Peer authentication failed: the peer did not prove the pre-shared key
+    /// (or does not authenticate while this side requires it), or its address
+    /// is not on the listener's allow-list.
+    Auth,
 }
 
 /// An error with a message naming its cause.

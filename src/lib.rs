@@ -23,7 +23,8 @@ pub mod verbs;
 pub mod wire;
 
 pub use engine::{
-    Config, Destination, Ending, Hint, Listener, Negotiated, RamBlock, RamBlocks, Read, Source, Stats, Unregistration,
+    AuthKey, Config, Destination, Ending, Hint, Listener, Negotiated, RamBlock, RamBlocks, Read, Source, SourcePrefix,
+    Stats, Unregistration,
 };
 pub use error::{Error, ErrorKind, Result};
 

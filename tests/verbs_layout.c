@@ -135,6 +135,8 @@ int main(void)
 	OFF(rdma_cm_id, channel);
 	OFF(rdma_cm_id, context);
 	OFF(rdma_cm_id, qp);
+	printf("rdma_cm_id.route_addr_src %zu\n", offsetof(struct rdma_cm_id, route.addr.src_storage));
+	printf("rdma_cm_id.route_addr_dst %zu\n", offsetof(struct rdma_cm_id, route.addr.dst_storage));
 
 	SZ(rdma_conn_param);
 	OFF(rdma_conn_param, private_data);

@@ -187,6 +187,8 @@ fn rust_values() -> BTreeMap<String, i64> {
     off!(rdma_cm_id, channel);
     off!(rdma_cm_id, context);
     off!(rdma_cm_id, qp);
+    off!(rdma_cm_id, route_addr_src);
+    off!(rdma_cm_id, route_addr_dst);
 
     sz!(rdma_conn_param);
     off!(rdma_conn_param, private_data);
@@ -258,6 +260,6 @@ fn sys_layout_matches_c_headers() {
 #[test]
 fn prefix_structs_are_prefixes() {
     assert_eq!(size_of::<ibv_context>(), 8);
-    assert_eq!(size_of::<rdma_cm_id>(), 32);
+    assert_eq!(size_of::<rdma_cm_id>(), 32 + 2 * 128);
     assert_eq!(offset_of!(rdma_cm_event, param_conn) + size_of::<rdma_conn_param>(), size_of::<rdma_cm_event>());
 }

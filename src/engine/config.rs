@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
+use super::auth::{AuthKey, SourcePrefix};
+
 /// The default of [`Config::liveness`].
 pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
 
-/// Settings for one side of a migration connection. Plain data: copy freely.
+/// Settings for one side of a migration connection. Plain data: copy freely
+/// (a key is wiped when its last copy drops, and `Debug` never shows it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Source: ask the destination to register whole RAM blocks up front
@@ -38,6 +41,15 @@ pub struct Config {
     /// Deregister memory on the process's unregistration worker thread
     /// rather than on the connection's own thread.
     pub unregister_worker: bool,
+    /// Pre-shared key (rdmamig extension; needs `extensions`): the source
+    /// proves it to the destination and the destination to the source over
+    /// fresh nonces before any guest memory is registered. A side with a key
+    /// refuses a peer without one (so it never talks to QEMU); a side without
+    /// a key behaves as before.
+    pub auth_key: Option<AuthKey>,
+    /// Destination: the source addresses a listener admits (empty: any). A
+    /// request from elsewhere is rejected before anything is set up for it.
+    pub allowed_sources: Vec<SourcePrefix>,
 }
 
 impl Default for Config {
@@ -50,6 +62,8 @@ impl Default for Config {
             liveness: Some(DEFAULT_LIVENESS),
             pin_budget: None,
             unregister_worker: true,
+            auth_key: None,
+            allowed_sources: Vec::new(),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! Two more do pinning work off those threads (`pin`): the process-wide
 //! unregistration worker, and a connection's pin-all registration thread.
 
+pub mod auth;
 pub mod config;
 mod destination;
 pub mod device;
@@ -17,6 +18,7 @@ pub mod stats;
 mod sync;
 mod validate;
 
+pub use auth::{AuthKey, SourcePrefix};
 pub use config::Config;
 pub use destination::{Destination, Read};
 pub use link::{Listener, Negotiated};

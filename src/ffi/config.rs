@@ -2,8 +2,10 @@
 //! its shape when adding a handle).
 
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
+use super::last_error::{bytes, handle_mut, record, string};
 use super::status::rdmamig_status;
-use crate::engine::Config;
+use crate::engine::{AuthKey, Config, SourcePrefix};
+use std::os::raw::c_char;
 use std::time::Duration;
 
 /// Settings for one side of a migration connection.
@@ -152,6 +154,58 @@ pub extern "C" fn rdmamig_config_set_unregister_worker(config: *mut rdmamig_conf
     }
 }
 
+/// Pre-shared key for peer authentication (rdmamig extension; needs the
+/// extensions on): `len` bytes at `key`, 16 to 1024, best drawn from a random
+/// source (nothing stretches a password). The source proves the key to the
+/// destination and the destination to the source, each over a fresh nonce of
+/// the other, before the destination registers any guest memory: a source
+/// without the key, with another key, or replaying a recorded handshake is
+/// refused (`RDMAMIG_ERR_AUTH`; a destination's accept keeps waiting for the
+/// next source). A side with a key refuses a peer without one, so it never
+/// migrates with QEMU. The library keeps a copy, wiped when the last config
+/// or connection holding it is freed, and never prints it. `(NULL, 0)`
+/// removes the key. Other lengths give `RDMAMIG_ERR_INVALID_ARGUMENT`.
+///
+/// Only the start of the connection is authenticated: guest memory travels
+/// in RDMA WRITEs that are neither encrypted nor integrity-protected (see
+/// the README's security section).
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_auth_key(
+    config: *mut rdmamig_config,
+    key: *const u8,
+    len: usize,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_config_set_auth_key";
+        record(|| {
+            let config = handle_mut(config, F, "config")?;
+            let key = bytes(key, len, F, "key")?;
+            config.auth_key = if key.is_empty() { None } else { Some(AuthKey::new(key)?) };
+            Ok(())
+        })
+    }
+}
+
+/// Destination: admit connections only from `prefix` (and the other
+/// prefixes added): an IPv4 or IPv6 address, alone or with a prefix length
+/// (`"198.18.0.2"`, `"198.18.0.0/24"`, `"fd00::/8"`). A request from any other
+/// address is rejected before anything is set up for it, and the accept
+/// keeps waiting. With no prefix added (the default) any address may
+/// connect. This is no authentication (addresses can be forged on a shared
+/// network): use it with `rdmamig_config_set_auth_key`.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_allow_source(config: *mut rdmamig_config, prefix: *const c_char) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_config_allow_source";
+        record(|| {
+            let config = handle_mut(config, F, "config")?;
+            let prefix: SourcePrefix = string(prefix, F, "prefix")?.parse()?;
+            config.allowed_sources.push(prefix);
+            Ok(())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,12 +236,33 @@ mod tests {
                 liveness: Some(Duration::from_millis(2500)),
                 pin_budget: Some(64 << 20),
                 unregister_worker: false,
+                auth_key: None,
+                allowed_sources: Vec::new(),
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!((got.liveness, got.pin_budget), (None, None));
+        rdmamig_config_free(c);
+    }
+
+    #[test]
+    fn auth_key_and_allowed_sources() {
+        let c = rdmamig_config_new();
+        let key = [7u8; 32];
+        assert_eq!(rdmamig_config_set_auth_key(c, key.as_ptr(), 15), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_config_set_auth_key(c, std::ptr::null(), 16), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_auth_key(c, key.as_ptr(), 32), RDMAMIG_OK);
+        assert_eq!(try_from_ptr(c as *const rdmamig_config).unwrap().auth_key, Some(AuthKey::new(&key).unwrap()));
+        assert_eq!(rdmamig_config_set_auth_key(c, std::ptr::null(), 0), RDMAMIG_OK);
+        assert_eq!(try_from_ptr(c as *const rdmamig_config).unwrap().auth_key, None);
+        assert_eq!(rdmamig_config_allow_source(c, c"198.18.0.0/24".as_ptr()), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_allow_source(c, c"fd00::/8".as_ptr()), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_allow_source(c, c"198.18.0.0/40".as_ptr()), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_config_allow_source(c, std::ptr::null()), RDMAMIG_ERR_NULL_PARAMETER);
+        let got = try_from_ptr(c as *const rdmamig_config).unwrap();
+        assert_eq!(got.allowed_sources, ["198.18.0.0/24".parse().unwrap(), "fd00::/8".parse().unwrap()]);
         rdmamig_config_free(c);
     }
 
@@ -201,6 +276,8 @@ mod tests {
         assert_eq!(rdmamig_config_set_liveness_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_pin_budget(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_unregister_worker(n, true), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_auth_key(n, std::ptr::null(), 0), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_allow_source(n, c"::1".as_ptr()), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);
     }
 }

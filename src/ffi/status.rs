@@ -71,12 +71,17 @@ pub enum rdmamig_status {
     /// after unpinning what could be; or, on a destination, the source asked
     /// to pin more than the destination's budget.
     RDMAMIG_ERR_PIN_BUDGET = 19,
+    /// Peer authentication failed: the peer did not prove the pre-shared key
+    /// (`rdmamig_config_set_auth_key`), does not authenticate while this side
+    /// requires it, or (destination) its address is not allowed
+    /// (`rdmamig_config_allow_source`).
+    RDMAMIG_ERR_AUTH = 20,
 }
 
 impl rdmamig_status {
     /// Every value, in numeric order. Keep in step with the enum (a unit test
     /// compares it with the header).
-    pub(crate) const ALL: [rdmamig_status; 20] = {
+    pub(crate) const ALL: [rdmamig_status; 21] = {
         use rdmamig_status::*;
         [
             RDMAMIG_OK,
@@ -99,6 +104,7 @@ impl rdmamig_status {
             RDMAMIG_END_UNVERIFIED,
             RDMAMIG_ERR_CANCELLED,
             RDMAMIG_ERR_PIN_BUDGET,
+            RDMAMIG_ERR_AUTH,
         ]
     };
 
@@ -135,6 +141,7 @@ impl rdmamig_status {
             }
             RDMAMIG_ERR_CANCELLED => c"cancelled",
             RDMAMIG_ERR_PIN_BUDGET => c"pin budget exceeded",
+            RDMAMIG_ERR_AUTH => c"peer authentication failed or peer not allowed",
         }
     }
 }
@@ -157,6 +164,7 @@ impl From<ErrorKind> for rdmamig_status {
             ErrorKind::State => RDMAMIG_ERR_STATE,
             ErrorKind::Cancelled => RDMAMIG_ERR_CANCELLED,
             ErrorKind::PinBudget => RDMAMIG_ERR_PIN_BUDGET,
+            ErrorKind::Auth => RDMAMIG_ERR_AUTH,
         }
     }
 }
@@ -244,6 +252,7 @@ mod tests {
             State,
             Cancelled,
             PinBudget,
+            Auth,
         ];
         let mut seen = std::collections::HashSet::new();
         for k in kinds {

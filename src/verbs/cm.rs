@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use libc::c_void;
 
-use super::{sys, to_sockaddr, Result, VerbsError};
+use super::{from_sockaddr, sys, to_sockaddr, Result, VerbsError};
 
 /// An rdma_cm event channel (`rdma_event_channel`); its fd is non-blocking.
 /// Destroyed on drop, which can only happen after every [`CmId`] on it is gone
@@ -447,6 +447,16 @@ impl CmId {
     pub fn peer_port(&self) -> u16 {
         // SAFETY: valid id; returns network byte order.
         u16::from_be(unsafe { sys::rdma_get_dst_port(self.raw()) })
+    }
+
+    /// The peer's address (`rdma_get_peer_addr`): on a connection request's
+    /// id, the address the request came from. `None` for a family other
+    /// than IPv4/IPv6 (e.g. native InfiniBand addressing).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: valid id; librdmacm filled the route's address for a
+        // request id before reporting it, and nothing writes it meanwhile.
+        let storage = unsafe { &(*self.raw()).route_addr_dst };
+        from_sockaddr(storage)
     }
 
     /// Active side, after `RouteResolved` and creating the QP; completes

@@ -182,6 +182,25 @@ pub(crate) fn to_sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
     storage
 }
 
+/// A C `sockaddr_storage` as a `SocketAddr`, if it holds IPv4 or IPv6.
+pub(crate) fn from_sockaddr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+        }
+        _ => None,
+    }
+}
+
 /// Set O_NONBLOCK on a file descriptor owned by a verbs object.
 pub(crate) fn set_nonblocking(fd: libc::c_int, op: &'static str) -> Result<()> {
     // SAFETY: fcntl on a descriptor we own; no memory is passed.

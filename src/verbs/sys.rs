@@ -290,14 +290,19 @@ pub struct rdma_event_channel {
     pub fd: c_int,
 }
 
-/// Prefix of `struct rdma_cm_id`: `verbs`, `channel`, `context`, `qp`.
+/// Prefix of `struct rdma_cm_id`: `verbs`, `channel`, `context`, `qp`, and
+/// the start of `route.addr`: the source and destination addresses (unions
+/// whose largest member is a `sockaddr_storage`; what `rdma_get_local_addr`
+/// and `rdma_get_peer_addr`, static inline functions, return pointers to).
 #[repr(C)]
 pub struct rdma_cm_id {
     pub verbs: *mut ibv_context,
     pub channel: *mut rdma_event_channel,
     pub context: *mut c_void,
     pub qp: *mut ibv_qp,
-    // struct rdma_route route; ... (not declared)
+    pub route_addr_src: libc::sockaddr_storage,
+    pub route_addr_dst: libc::sockaddr_storage,
+    // union { struct rdma_ib_addr ibaddr; } addr; ...; the rest of the route and id (not declared)
 }
 
 /// `struct rdma_conn_param` (complete).

@@ -1,7 +1,7 @@
 //! Fixed-size payload entries (fact sheet §3), plus the rdmamig block-spec extension.
 
 use super::error::{DecodeError, EncodeError};
-use super::{be32, be64, BLOCK_SPEC_LEN};
+use super::{be32, be64, AUTH_PROOF_LEN, BLOCK_SPEC_LEN};
 
 /// A fixed-size payload entry.
 ///
@@ -275,5 +275,27 @@ impl Entry for EndSummary {
     fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         need("EndSummary entry", Self::SIZE, b)?;
         Ok(EndSummary { stream_bytes: be64(b, 0), windows: be64(b, 8) })
+    }
+}
+
+/// rdmamig extension: the payload of AUTH, the source's proof that it holds
+/// the pre-shared key (an HMAC-SHA-256 tag over both nonces; see `engine::auth`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AuthProof {
+    pub tag: [u8; AUTH_PROOF_LEN],
+}
+
+impl Entry for AuthProof {
+    const SIZE: usize = AUTH_PROOF_LEN;
+
+    fn encode(&self, out: &mut [u8]) {
+        out[..Self::SIZE].copy_from_slice(&self.tag);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("AuthProof entry", Self::SIZE, b)?;
+        let mut tag = [0u8; AUTH_PROOF_LEN];
+        tag.copy_from_slice(&b[..Self::SIZE]);
+        Ok(AuthProof { tag })
     }
 }

@@ -1,7 +1,9 @@
 //! Connection private data (fact sheet §1.4) and the 16-byte control header (§2.1, §2.2).
 
 use super::error::DecodeError;
-use super::{be32, CAP_PIN_ALL, CONTROL_HEADER_LEN, PROTOCOL_VERSION};
+use super::{
+    be32, AUTH_NONCE_LEN, AUTH_PROOF_LEN, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CONTROL_HEADER_LEN, PROTOCOL_VERSION,
+};
 
 /// Capabilities exchanged as rdma_cm private data: `{version, flags}`, both
 /// big-endian u32, 8 bytes, no length field.
@@ -52,36 +54,101 @@ impl Capabilities {
     }
 }
 
+/// A source's connect private data: the capabilities, then (rdmamig
+/// extension, when it offers `CAP_RDMAMIG_AUTH`) its authentication nonce in
+/// bytes 8..40. A QEMU destination reads only the first 8 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectData {
+    pub caps: Capabilities,
+    pub nonce: Option<[u8; AUTH_NONCE_LEN]>,
+}
+
+impl ConnectData {
+    /// The encoded bytes (8, or 40 with a nonce).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.caps.encode().to_vec();
+        out.extend(self.nonce.iter().flatten());
+        out
+    }
+
+    /// The capabilities, and the nonce if they offer `CAP_RDMAMIG_AUTH`
+    /// (then the buffer must hold it). Longer buffers are accepted (rdma_cm
+    /// pads the private data).
+    pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
+        let caps = Capabilities::decode(buf)?;
+        let nonce = if caps.flags & CAP_RDMAMIG_AUTH != 0 {
+            Some(array(buf, Capabilities::LEN, "authentication nonce (connect private data)")?)
+        } else {
+            None
+        };
+        Ok(ConnectData { caps, nonce })
+    }
+}
+
+/// What a destination that grants `CAP_RDMAMIG_AUTH` sends with its accept:
+/// its own nonce and its proof that it holds the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthChallenge {
+    pub nonce: [u8; AUTH_NONCE_LEN],
+    pub proof: [u8; AUTH_PROOF_LEN],
+}
+
 /// rdmamig extension: a destination that grants `CAP_RDMAMIG_EXT` appends its
 /// pin budget to the capabilities in its accept private data (bytes 8..16,
 /// big-endian u64; 0: none announced), so the source plans its registrations
-/// within it. A QEMU source, which is never granted the extension, never sees it.
+/// within it; when it grants `CAP_RDMAMIG_AUTH` too, bytes 16..80 hold its
+/// [`AuthChallenge`]. A QEMU source, which is never granted the extensions,
+/// gets only the 8 bytes of capabilities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcceptData {
     pub caps: Capabilities,
     /// Bytes the destination lets the source keep registered; `None`: unlimited.
     pub pin_budget: Option<u64>,
+    pub auth: Option<AuthChallenge>,
 }
 
 impl AcceptData {
+    /// Size with the pin budget, without a challenge.
     pub const LEN: usize = Capabilities::LEN + 8;
 
-    pub fn encode(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.caps.encode());
-        out[8..].copy_from_slice(&self.pin_budget.unwrap_or(0).to_be_bytes());
+    /// The encoded bytes (16, or 80 with a challenge).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.caps.encode().to_vec();
+        out.extend(self.pin_budget.unwrap_or(0).to_be_bytes());
+        if let Some(a) = &self.auth {
+            out.extend(a.nonce);
+            out.extend(a.proof);
+        }
         out
     }
 
-    /// The capabilities, and the budget if the buffer is long enough to hold one.
+    /// The capabilities, the budget if the buffer is long enough to hold
+    /// one, and the challenge if the capabilities grant `CAP_RDMAMIG_AUTH`
+    /// (then the buffer must hold it).
     pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
         let caps = Capabilities::decode(buf)?;
         let pin_budget = buf
             .get(Capabilities::LEN..Self::LEN)
             .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
             .filter(|&b| b != 0);
-        Ok(AcceptData { caps, pin_budget })
+        let auth = if caps.flags & CAP_RDMAMIG_AUTH != 0 {
+            let nonce = array(buf, Self::LEN, "authentication nonce (accept private data)")?;
+            let proof = array(buf, Self::LEN + AUTH_NONCE_LEN, "authentication proof (accept private data)")?;
+            Some(AuthChallenge { nonce, proof })
+        } else {
+            None
+        };
+        Ok(AcceptData { caps, pin_budget, auth })
     }
+}
+
+/// The `N` bytes of `buf` at `at`.
+fn array<const N: usize>(buf: &[u8], at: usize, what: &'static str) -> Result<[u8; N], DecodeError> {
+    buf.get(at..at + N).map(|b| b.try_into().expect("N bytes")).ok_or(DecodeError::TooShort {
+        what,
+        needed: at + N,
+        got: buf.len(),
+    })
 }
 
 /// Control message types: the 0-based wire values of QEMU's enum (§2.2).
@@ -109,6 +176,9 @@ pub enum CommandType {
     /// rdmamig extension: the destination's response to END: it received
     /// everything END counts. Empty.
     EndAck = 0x8000_0002,
+    /// rdmamig extension (only when `CAP_RDMAMIG_AUTH` was granted): the
+    /// source's first message, its proof of the key; one [`AuthProof`](super::AuthProof).
+    Auth = 0x8000_0003,
 }
 
 impl CommandType {
@@ -121,7 +191,7 @@ impl CommandType {
 impl TryFrom<u32> for CommandType {
     type Error = DecodeError;
 
-    /// Maps 0..=11 and the two extension values to the command; anything else
+    /// Maps 0..=11 and the three extension values to the command; anything else
     /// is [`DecodeError::UnknownType`].
     fn try_from(v: u32) -> Result<Self, DecodeError> {
         use CommandType::*;
@@ -140,6 +210,7 @@ impl TryFrom<u32> for CommandType {
             11 => UnregisterFinished,
             0x8000_0001 => End,
             0x8000_0002 => EndAck,
+            0x8000_0003 => Auth,
             other => return Err(DecodeError::UnknownType(other)),
         })
     }

@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use super::entry::{BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
+use super::entry::{AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
 use super::{CONTROL_HEADER_LEN, MAX_PAYLOAD, MAX_REPEAT};
@@ -83,6 +83,15 @@ fn exact_entries(kind: CommandType, len: u32, repeat: u32, size: usize) -> Resul
     Ok(())
 }
 
+/// Checks that the message carries exactly one entry of `size` bytes.
+fn exactly_one(kind: CommandType, len: u32, repeat: u32, size: usize) -> Result<(), DecodeError> {
+    exact_entries(kind, len, repeat, size)?;
+    if repeat != 1 {
+        return Err(DecodeError::PayloadSizeMismatch { kind, len, repeat, entry_size: size });
+    }
+    Ok(())
+}
+
 fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
     if len != 0 {
         return Err(DecodeError::UnexpectedPayload { kind, len });
@@ -106,6 +115,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// | REGISTER_REQUEST, UNREGISTER_REQUEST, COMPRESS | `repeat ≥ 1`, `len == repeat × 24` |
 /// | REGISTER_RESULT | `repeat ≥ 1`, `len == repeat × 16` |
 /// | END (extension) | `repeat == 1`, `len == 16` (one [`EndSummary`]) |
+/// | AUTH (extension) | `repeat == 1`, `len == 32` (one [`AuthProof`]) |
 ///
 /// Entry contents (e.g. COMPRESS value ≠ 0) are checked by [`Message::entries`].
 pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
@@ -143,12 +153,8 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
         T::RegisterRequest | T::UnregisterRequest => exact_entries(kind, len, repeat, RegisterRequest::SIZE)?,
         T::Compress => exact_entries(kind, len, repeat, Compress::SIZE)?,
         T::RegisterResult => exact_entries(kind, len, repeat, RegisterResult::SIZE)?,
-        T::End => {
-            exact_entries(kind, len, repeat, EndSummary::SIZE)?;
-            if repeat != 1 {
-                return Err(DecodeError::PayloadSizeMismatch { kind, len, repeat, entry_size: EndSummary::SIZE });
-            }
-        }
+        T::End => exactly_one(kind, len, repeat, EndSummary::SIZE)?,
+        T::Auth => exactly_one(kind, len, repeat, AuthProof::SIZE)?,
     }
     Ok(Message { kind, repeat, payload })
 }

@@ -16,7 +16,9 @@
 //! [`CAP_RDMAMIG_EXT`]: [`BlockSpec`] entries in RAM_BLOCKS_REQUEST (len =
 //! repeat × 256; each entry: block length as a big-endian u64, then the
 //! NUL-padded name), and the completion handshake END ([`EndSummary`]) /
-//! END_ACK (types 0x80000001 and 0x80000002).
+//! END_ACK (types 0x80000001 and 0x80000002); with [`CAP_RDMAMIG_AUTH`] also
+//! the nonces and proofs of peer authentication ([`ConnectData`],
+//! [`AcceptData`], AUTH = 0x80000003 with one [`AuthProof`]).
 
 mod entry;
 mod error;
@@ -26,9 +28,11 @@ mod message;
 #[cfg(test)]
 mod tests;
 
-pub use entry::{BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
+pub use entry::{AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
 pub use error::{DecodeError, EncodeError};
-pub use header::{decode_header, encode_header, AcceptData, Capabilities, CommandType, ControlHeader};
+pub use header::{
+    decode_header, encode_header, AcceptData, AuthChallenge, Capabilities, CommandType, ConnectData, ControlHeader,
+};
 pub use message::{decode_message, Entries, Message, MessageWriter};
 
 /// Size of the control header.
@@ -52,8 +56,18 @@ pub const CAP_PIN_ALL: u32 = 0x1;
 /// Capability: rdmamig-only extensions (block names and lengths in RAM_BLOCKS_REQUEST).
 /// QEMU masks it away, so it is only ever set between two rdmamig peers.
 pub const CAP_RDMAMIG_EXT: u32 = 0x8000_0000;
+/// Capability (rdmamig extension, only with [`CAP_RDMAMIG_EXT`]): peer
+/// authentication with a pre-shared key. A source that offers it appends an
+/// [`AUTH_NONCE_LEN`]-byte nonce to its capabilities ([`ConnectData`]); a
+/// destination that grants it appends its own nonce and its proof
+/// ([`AcceptData`]), and the source's first message is AUTH with its proof.
+pub const CAP_RDMAMIG_AUTH: u32 = 0x4000_0000;
 /// Every capability bit rdmamig understands.
-pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT;
+pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH;
+/// Size of an authentication nonce.
+pub const AUTH_NONCE_LEN: usize = 32;
+/// Size of an authentication proof (an HMAC-SHA-256 tag).
+pub const AUTH_PROOF_LEN: usize = 32;
 /// Size of a [`BlockSpec`] entry.
 pub const BLOCK_SPEC_LEN: usize = 256;
 

@@ -47,7 +47,9 @@ fn constants() {
     assert_eq!(PROTOCOL_VERSION, 1);
     assert_eq!(CAP_PIN_ALL, 1);
     assert_eq!(CAP_RDMAMIG_EXT, 0x8000_0000);
-    assert_eq!(KNOWN_CAPS, 0x8000_0001);
+    assert_eq!(CAP_RDMAMIG_AUTH, 0x4000_0000);
+    assert_eq!(KNOWN_CAPS, 0xC000_0001);
+    assert_eq!((AUTH_NONCE_LEN, AUTH_PROOF_LEN, AuthProof::SIZE), (32, 32, 32));
     assert_eq!(BLOCK_SPEC_LEN, 256);
     assert_eq!(RegisterRequest::SIZE, 24);
     assert_eq!(RegisterResult::SIZE, 16);
@@ -70,7 +72,8 @@ fn command_type_numbers() {
     assert_eq!(CommandType::try_from(0x8000_0001), Ok(CommandType::End));
     assert_eq!(CommandType::try_from(0x8000_0002), Ok(CommandType::EndAck));
     assert_eq!(CommandType::try_from(0x8000_0000), Err(DecodeError::UnknownType(0x8000_0000)));
-    assert_eq!(CommandType::try_from(0x8000_0003), Err(DecodeError::UnknownType(0x8000_0003)));
+    assert_eq!(CommandType::try_from(0x8000_0003), Ok(CommandType::Auth));
+    assert_eq!(CommandType::try_from(0x8000_0004), Err(DecodeError::UnknownType(0x8000_0004)));
 }
 
 #[test]
@@ -665,7 +668,7 @@ fn check_any(b: &[u8]) {
 
 #[test]
 fn accept_data_carries_the_pin_budget() {
-    let a = AcceptData { caps: Capabilities::v1(CAP_RDMAMIG_EXT), pin_budget: Some(64 << 20) };
+    let a = AcceptData { caps: Capabilities::v1(CAP_RDMAMIG_EXT), pin_budget: Some(64 << 20), auth: None };
     let bytes = a.encode();
     assert_eq!(&bytes[..8], &[0, 0, 0, 1, 0x80, 0, 0, 0]);
     assert_eq!(&bytes[8..], &(64u64 << 20).to_be_bytes());
@@ -673,8 +676,45 @@ fn accept_data_carries_the_pin_budget() {
     // rdma_cm pads private data with zeros: an older destination announces nothing.
     let mut padded = [0u8; 196];
     padded[..8].copy_from_slice(&a.caps.encode());
-    assert_eq!(AcceptData::decode(&padded), Ok(AcceptData { caps: a.caps, pin_budget: None }));
+    let nothing = AcceptData { caps: a.caps, pin_budget: None, auth: None };
+    assert_eq!(AcceptData::decode(&padded), Ok(nothing));
     // QEMU's 8 bytes alone.
-    assert_eq!(AcceptData::decode(&bytes[..8]), Ok(AcceptData { caps: a.caps, pin_budget: None }));
+    assert_eq!(AcceptData::decode(&bytes[..8]), Ok(nothing));
     assert!(AcceptData::decode(&bytes[..7]).is_err());
+}
+
+#[test]
+fn authentication_nonces_and_proofs_follow_the_capabilities() {
+    let caps = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH);
+    let c = ConnectData { caps, nonce: Some([0x11; AUTH_NONCE_LEN]) };
+    let bytes = c.encode();
+    assert_eq!(bytes.len(), 40);
+    assert_eq!(&bytes[..8], &[0, 0, 0, 1, 0xC0, 0, 0, 0]);
+    let mut padded = bytes.clone();
+    padded.resize(56, 0);
+    assert_eq!(ConnectData::decode(&padded), Ok(c));
+    assert!(ConnectData::decode(&bytes[..39]).is_err(), "the flag promises a nonce");
+    let plain = Capabilities::v1(CAP_RDMAMIG_EXT);
+    assert_eq!(ConnectData::decode(&plain.encode()), Ok(ConnectData { caps: plain, nonce: None }));
+
+    let challenge = AuthChallenge { nonce: [0x22; AUTH_NONCE_LEN], proof: [0x33; AUTH_PROOF_LEN] };
+    let a = AcceptData { caps, pin_budget: None, auth: Some(challenge) };
+    let bytes = a.encode();
+    assert_eq!(bytes.len(), 80);
+    assert_eq!(&bytes[16..48], &[0x22; 32]);
+    assert_eq!(&bytes[48..], &[0x33; 32]);
+    assert_eq!(AcceptData::decode(&bytes), Ok(a));
+    assert!(AcceptData::decode(&bytes[..79]).is_err(), "the flag promises a challenge");
+
+    let proof = AuthProof { tag: [0x44; AUTH_PROOF_LEN] };
+    let mut buf = [0u8; 64];
+    let mut w = MessageWriter::new(&mut buf, CommandType::Auth);
+    w.push(&proof).unwrap();
+    let n = w.finish();
+    let m = decode_message(&buf[..n]).unwrap();
+    assert_eq!((m.kind, m.repeat), (CommandType::Auth, 1));
+    assert_eq!(m.collect_entries::<AuthProof>().unwrap(), [proof]);
+    assert!(decode_message(&msg(CommandType::Auth, 2, &[0x44; 64])).is_err(), "one proof only");
+    assert!(decode_message(&msg(CommandType::Auth, 1, &[0x44; 31])).is_err());
+    assert_eq!(CommandType::try_from(0x8000_0003), Ok(CommandType::Auth));
 }

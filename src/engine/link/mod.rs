@@ -472,12 +472,16 @@ impl Link {
     /// Receiver side: grant one credit (READY) and wait, without a deadline,
     /// for the next message; `f` sees it before the slot is posted again.
     pub fn receive<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
+        self.receive_by(None, f)
+    }
+
+    /// As [`receive`](Self::receive), waiting only until `deadline`.
+    fn receive_by<R>(&mut self, deadline: Option<Instant>, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
         // Granted before the SEND: the peer may use the credit (and its message
         // clear the flag) while this side still waits for the SEND's completion.
         self.ready_granted = true;
         self.send(CommandType::Ready, |_| Ok(()))?;
-        self.wait_until("a control message from the peer", None, |l| l.received[INCOMING].is_some())?;
-        let r = self.take(INCOMING, None, f)?;
+        let r = self.take(INCOMING, deadline, f)?;
         self.post_recv(INCOMING)?;
         Ok(r)
     }

@@ -8,11 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
+use crate::engine::auth::{self, AuthKey, Role, Transcript};
 use crate::engine::pin;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
-use crate::wire::{AcceptData, Capabilities, CAP_PIN_ALL, CAP_RDMAMIG_EXT};
+use crate::wire::{
+    AcceptData, AuthChallenge, AuthProof, Capabilities, CommandType, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH,
+    CAP_RDMAMIG_EXT,
+};
 use crate::{Error, ErrorKind, Result};
 
 /// QEMU's bound for address and route resolution; the config's timeout may shorten it.
@@ -26,6 +30,8 @@ pub struct Negotiated {
     pub pin_all: bool,
     /// Both sides speak rdmamig's extensions (the peer is not QEMU).
     pub extensions: bool,
+    /// Each side proved the pre-shared key to the other (`Config::auth_key`).
+    pub authenticated: bool,
 }
 
 impl Negotiated {
@@ -34,26 +40,48 @@ impl Negotiated {
     /// registers dynamically, as QEMU does when its peer refuses pin-all).
     fn offered(config: &Config, ram_bytes: u64) -> Self {
         let fits = pin::budget_for(config).is_none_or(|b| ram_bytes <= b);
-        Negotiated { pin_all: config.pin_all && fits, extensions: config.extensions }
+        let authenticated = config.auth_key.is_some() && config.extensions;
+        Negotiated { pin_all: config.pin_all && fits, extensions: config.extensions, authenticated }
     }
 
     /// Keeps what both this and the peer's capability flags have.
     fn masked(self, flags: u32) -> Self {
+        let extensions = self.extensions && flags & CAP_RDMAMIG_EXT != 0;
         Negotiated {
             pin_all: self.pin_all && flags & CAP_PIN_ALL != 0,
-            extensions: self.extensions && flags & CAP_RDMAMIG_EXT != 0,
+            extensions,
+            authenticated: self.authenticated && extensions && flags & CAP_RDMAMIG_AUTH != 0,
         }
     }
 
     fn flags(self) -> u32 {
-        (if self.pin_all { CAP_PIN_ALL } else { 0 }) | (if self.extensions { CAP_RDMAMIG_EXT } else { 0 })
+        let bit = |on: bool, flag: u32| if on { flag } else { 0 };
+        bit(self.pin_all, CAP_PIN_ALL)
+            | bit(self.extensions, CAP_RDMAMIG_EXT)
+            | bit(self.authenticated, CAP_RDMAMIG_AUTH)
     }
+}
+
+/// A key needs the extensions: authentication is one of them.
+fn check_auth_config(config: &Config) -> Result<()> {
+    if config.auth_key.is_some() && !config.extensions {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "peer authentication is an rdmamig extension: it needs the extensions on",
+        ));
+    }
+    Ok(())
+}
+
+fn auth_error(message: String) -> Error {
+    Error::new(ErrorKind::Auth, message)
 }
 
 impl Link {
     /// Source side: resolve `host:port`, connect, and negotiate capabilities
     /// for `ram_bytes` of guest RAM.
     pub fn connect(host: &str, port: u16, config: &Config, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
+        check_auth_config(config)?;
         pin::fork_mode();
         let deadline = Instant::now() + config.timeout;
         let addrs = resolve(host, port, config.timeout)?;
@@ -83,9 +111,10 @@ impl Link {
         let mut link = Link::new(id, offered, config, counters)?;
         // QEMU posts the READY receive before connecting: the destination may SEND at once.
         link.post_recv(INCOMING)?;
-        let caps = Capabilities { version: config.protocol_version, flags: offered.flags() }.encode();
+        let caps = Capabilities { version: config.protocol_version, flags: offered.flags() };
+        let nonce = config.auth_key.as_ref().map(|_| auth::nonce()).transpose()?;
         link.id.connect(&ConnParam {
-            private_data: &caps,
+            private_data: &ConnectData { caps, nonce }.encode(),
             responder_resources: 0,
             initiator_depth: 2,
             retry_count: RETRY_COUNT,
@@ -104,6 +133,9 @@ impl Link {
                 if link.negotiated.extensions {
                     link.peer_pin_budget = accepted.pin_budget;
                 }
+                if let (Some(key), Some(nonce)) = (&config.auth_key, nonce) {
+                    link.authenticate(key, caps, nonce, &accepted)?;
+                }
                 Ok(link)
             }
             // Our destination rejects a version it does not speak with its own
@@ -111,6 +143,10 @@ impl Link {
             CmEventKind::Rejected => match Capabilities::decode(event.private_data()) {
                 Ok(theirs) if theirs.version != 0 && theirs.version != config.protocol_version => {
                     Err(version_error(config.protocol_version, theirs.version))
+                }
+                // Our destination rejects a source without a key with the authentication flag.
+                Ok(theirs) if theirs.flags & CAP_RDMAMIG_AUTH != 0 && config.auth_key.is_none() => {
+                    Err(auth_error(format!("{host}:{port} requires peer authentication and no key is set")))
                 }
                 _ => Err(Error::new(ErrorKind::Connect, format!("{host}:{port} rejected the connection"))),
             },
@@ -121,16 +157,69 @@ impl Link {
         }
     }
 
-    /// Destination side: accept one connection request from `listener`, for
-    /// `ram_bytes` of guest RAM.
+    /// Source side, once connected with a key: checks the destination's
+    /// proof (it must have granted authentication), then sends its own (AUTH).
+    fn authenticate(
+        &mut self,
+        key: &AuthKey,
+        caps: Capabilities,
+        nonce: auth::Nonce,
+        accepted: &AcceptData,
+    ) -> Result<()> {
+        let Some(challenge) = accepted.auth.filter(|_| self.negotiated.authenticated) else {
+            return Err(auth_error(
+                "the destination does not authenticate (it did not grant the authentication capability)".into(),
+            ));
+        };
+        let transcript = Transcript {
+            version: caps.version,
+            offered: caps.flags,
+            granted: accepted.caps.flags,
+            source_nonce: nonce,
+            destination_nonce: challenge.nonce,
+        };
+        if !key.verify(Role::Destination, &transcript, &challenge.proof) {
+            return Err(auth_error("the destination failed to prove the pre-shared key (the keys differ?)".into()));
+        }
+        let proof = AuthProof { tag: key.prove(Role::Source, &transcript) };
+        self.post_message(CommandType::Auth, |w| w.push(&proof))
+    }
+
+    /// Destination side: accept a connection request from `listener`, for
+    /// `ram_bytes` of guest RAM. Requests refused by the allow-list or by
+    /// authentication are rejected and the wait goes on; if the time runs out
+    /// after refusals, the error says what was refused.
     pub fn accept(
         listener: &Listener,
         ram_bytes: u64,
         counters: Arc<Counters>,
         timeout: Option<Duration>,
     ) -> Result<Link> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut refused: Option<(u32, Error)> = None;
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let event = match listener.next_event(left) {
+                Err(e) if e.kind == ErrorKind::Timeout => {
+                    return Err(refused.map_or(e, |(n, last)| {
+                        auth_error(format!("no source was admitted ({n} refused; the last: {})", last.message))
+                    }))
+                }
+                r => r?,
+            };
+            match Link::admit(listener, event, ram_bytes, counters.clone()) {
+                Err(e) if e.kind == ErrorKind::Auth => {
+                    refused = Some((refused.map_or(0, |(n, _)| n) + 1, e));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Answers one connection event: a connection request from an allowed
+    /// address, with our version, and (with a key) a valid proof becomes a link.
+    fn admit(listener: &Listener, event: verbs::CmEvent, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
         let config = &listener.config;
-        let event = listener.next_event(timeout)?;
         if event.kind() != CmEventKind::ConnectRequest {
             return Err(Error::new(
                 ErrorKind::Connect,
@@ -143,8 +232,16 @@ impl Link {
         let Some(id) = event.take_request_id(&channel) else {
             return Err(Error::new(ErrorKind::Connect, "connection request without an id"));
         };
+        let peer = id.peer_addr();
+        let from = peer.map_or_else(|| "an address that is not IP".to_string(), |a| a.to_string());
+        if !config.allowed_sources.is_empty()
+            && !peer.is_some_and(|a| config.allowed_sources.iter().any(|p| p.contains(a.ip())))
+        {
+            let _ = id.reject(&[]);
+            return Err(auth_error(format!("refused a connection from {from}: not on the allow-list")));
+        }
         let ours = Capabilities { version: config.protocol_version, flags: 0 };
-        let request = match Capabilities::decode(event.private_data()) {
+        let request = match ConnectData::decode(event.private_data()) {
             Ok(r) => r,
             Err(e) => {
                 let _ = id.reject(&ours.encode());
@@ -152,12 +249,16 @@ impl Link {
             }
         };
         drop(event);
-        if request.version != config.protocol_version {
+        if request.caps.version != config.protocol_version {
             // QEMU just drops such a request; rejecting tells the source why.
             let _ = id.reject(&ours.encode());
-            return Err(version_error(config.protocol_version, request.version));
+            return Err(version_error(config.protocol_version, request.caps.version));
         }
-        let negotiated = Negotiated::offered(config, ram_bytes).masked(request.flags);
+        let negotiated = Negotiated::offered(config, ram_bytes).masked(request.caps.flags);
+        if config.auth_key.is_some() && !negotiated.authenticated {
+            let _ = id.reject(&Capabilities { flags: CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH, ..ours }.encode());
+            return Err(auth_error(format!("refused a source from {from} that does not authenticate")));
+        }
         let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters));
         let mut link = match link {
             Ok(link) => link,
@@ -167,9 +268,25 @@ impl Link {
             }
         };
         // Masking unknown flags is the whole negotiation: echo what we kept.
-        let reply = Capabilities { version: request.version, flags: negotiated.flags() };
+        let reply = Capabilities { version: request.caps.version, flags: negotiated.flags() };
+        let mut transcript = None;
+        let challenge = match (&config.auth_key, request.nonce) {
+            (Some(key), Some(source_nonce)) if negotiated.authenticated => {
+                let t = Transcript {
+                    version: reply.version,
+                    offered: request.caps.flags,
+                    granted: reply.flags,
+                    source_nonce,
+                    destination_nonce: auth::nonce()?,
+                };
+                let challenge = AuthChallenge { nonce: t.destination_nonce, proof: key.prove(Role::Destination, &t) };
+                transcript = Some((key, t));
+                Some(challenge)
+            }
+            _ => None,
+        };
         // An rdmamig source also learns the budget it must plan within; QEMU gets its 8 bytes.
-        let data = AcceptData { caps: reply, pin_budget: pin::budget_for(config) }.encode();
+        let data = AcceptData { caps: reply, pin_budget: pin::budget_for(config), auth: challenge }.encode();
         let data = if negotiated.extensions { &data[..] } else { &data[..Capabilities::LEN] };
         link.id.accept(&ConnParam {
             private_data: data,
@@ -182,7 +299,28 @@ impl Link {
         link.post_recv(INCOMING)?;
         // The destination grants credits; it never waits for one.
         link.ready_expected = false;
+        if let Some((key, t)) = transcript {
+            link.check_source_proof(key, &t, &from)?;
+        }
         Ok(link)
+    }
+
+    /// Destination side: the source's first message must be AUTH with its
+    /// proof, within the config's timeout. Anything else refuses the source
+    /// (`ErrorKind::Auth`) before any guest memory is registered.
+    fn check_source_proof(&mut self, key: &AuthKey, t: &Transcript, from: &str) -> Result<()> {
+        let deadline = Some(Instant::now() + self.timeout);
+        let proof = self.receive_by(deadline, |m| match m.kind {
+            CommandType::Auth => m.collect_entries::<AuthProof>().map_err(protocol_error).map(|p| p[0]),
+            other => Err(Error::new(ErrorKind::Protocol, format!("expected AUTH, got {other:?}"))),
+        });
+        let refused = match proof {
+            Ok(p) if key.verify(Role::Source, t, &p.tag) => return Ok(()),
+            Ok(_) => format!("the source from {from} failed to prove the pre-shared key"),
+            Err(e) => format!("the source from {from} did not authenticate: {}", e.message),
+        };
+        self.send_error();
+        Err(auth_error(refused))
     }
 }
 
@@ -264,6 +402,7 @@ pub struct Listener {
 impl Listener {
     /// Listens on `host:port` (a name, an IPv4 or an IPv6 address; port 0 picks one).
     pub fn bind(host: &str, port: u16, config: &Config) -> Result<Listener> {
+        check_auth_config(config)?;
         pin::fork_mode();
         let addrs = resolve(host, port, config.timeout)?;
         let channel = EventChannel::new()?;
