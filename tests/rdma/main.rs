@@ -10,6 +10,7 @@
 //! `RXE_VM_DEV` (device name, default rxe0).
 
 mod abort;
+mod auth;
 mod child;
 mod hints;
 mod hostile;

@@ -269,7 +269,7 @@ fn precopy(source: &mut Source, layout: &Layout, ram: &Arc<Vec<GuestRam>>, round
     source.iteration_end().unwrap();
 }
 
-fn migrate(source_config: Config, dest_config: Config, expect_pin_all: bool) {
+pub fn migrate(source_config: Config, dest_config: Config, expect_pin_all: bool) {
     let layout = Layout::standard();
     let src_ram = Arc::new(layout.source_ram(1));
     let dst_ram = layout.dest_ram();
