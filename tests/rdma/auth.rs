@@ -2,14 +2,24 @@
 //! peers: keyed peers migrate; a source without the key, with another key,
 //! or from an address not allowed is refused before the destination
 //! registers or writes any guest memory (the destination's accept keeps
-//! waiting, then says what it refused); the key needs the extensions.
-//! The replay of a recorded handshake is in `hostile::` (it needs a crafted peer).
+//! waiting, then says what it refused); the key needs the extensions. A
+//! crafted source (`hostile::Peer`) shows that the destination admits the
+//! proof as documented and refuses a replayed handshake, a wrong or
+//! reflected proof, and a first message other than AUTH, before any memory
+//! in or around its guest RAM is touched.
 
 use std::thread;
 use std::time::Duration;
 
+use hmac::{Hmac, Mac};
+use rdmamig::wire::{
+    AcceptData, AuthChallenge, AuthProof, Capabilities, CommandType, ConnectData, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
+    PROTOCOL_VERSION,
+};
 use rdmamig::{AuthKey, Config, Destination, ErrorKind, Source};
+use sha2::Sha256;
 
+use crate::hostile::{GuardedRam, Peer};
 use crate::migration::{listen, live_mrs, migrate, one_block, rdma_ip, GuestRam};
 
 const RAM: u64 = 8 << 20;
@@ -101,4 +111,126 @@ fn a_key_needs_the_extensions() {
     let ram = GuestRam::new(RAM, 0);
     let e = Source::connect(&rdma_ip(), 1, &config, &one_block(&ram, RAM)).map(|_| ()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+}
+
+// ---- A crafted source (`hostile::Peer`) against a keyed destination ----
+
+const KEY: &[u8] = b"hostile suite: pre-shared key 32";
+/// The keyed destination's accept gives up this long after a refusal.
+const CRAFTED_ACCEPT_WAIT: Duration = Duration::from_secs(3);
+const OFFERED: u32 = CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH;
+
+/// The source's proof as the README describes it, computed here
+/// independently of the library: HMAC-SHA-256 under the key of the role
+/// label, the version, the offered and granted flags, and both nonces.
+fn source_proof(key: &[u8], granted: u32, source_nonce: &[u8; 32], destination_nonce: &[u8; 32]) -> [u8; 32] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    for part in [
+        &b"rdmamig auth v1: source\0"[..],
+        &PROTOCOL_VERSION.to_be_bytes(),
+        &OFFERED.to_be_bytes(),
+        &granted.to_be_bytes(),
+        source_nonce,
+        destination_nonce,
+    ] {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// A crafted source connected to a keyed destination, whose accept (in its
+/// thread) returns only once the source proved the key or was refused.
+struct Handshake {
+    accept: thread::JoinHandle<rdmamig::Result<Destination>>,
+    peer: Peer,
+    /// The destination's challenge and the flags it granted.
+    challenge: AuthChallenge,
+    granted: u32,
+    ram: GuardedRam,
+}
+
+fn handshake(source_nonce: [u8; 32]) -> Handshake {
+    let ram = GuardedRam::new();
+    let registry = ram.registry();
+    let (listener, port) = listen(&Config { pin_all: true, ..keyed(KEY) });
+    let accept = thread::spawn(move || Destination::accept(&listener, &registry, Some(CRAFTED_ACCEPT_WAIT)));
+    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some(source_nonce) };
+    let peer = Peer::connect(port, &hello.encode()).expect("the keyed destination accepts the connection");
+    let accepted = AcceptData::decode(&peer.accepted).expect("accept private data");
+    let challenge = accepted.auth.expect("the destination's challenge");
+    Handshake { accept, peer, challenge, granted: accepted.caps.flags, ram }
+}
+
+impl Handshake {
+    /// Sends AUTH with `tag` on the destination's first READY.
+    fn send_proof(&mut self, tag: [u8; 32]) {
+        self.peer.take_ready();
+        self.peer.send_with(CommandType::Auth, 0, |w| w.push(&AuthProof { tag }).unwrap());
+    }
+
+    /// The destination refused the source: the peer got ERROR and the
+    /// disconnect, its accept ends with an Auth error holding `words`, and
+    /// nothing in or around its RAM changed.
+    fn refused(mut self, words: &[&str]) {
+        let got = self.peer.recv_any(Duration::from_secs(5));
+        assert!(matches!(&got, Some(Ok(m)) if m.kind == CommandType::Error), "the peer got {got:?}, not ERROR");
+        assert!(self.peer.disconnected(Duration::from_secs(5)), "no DISCONNECTED after the ERROR");
+        let e = self.accept.join().unwrap().map(|_| ()).expect_err("the destination admitted the source");
+        eprintln!("destination: {e}");
+        assert_eq!(e.kind, ErrorKind::Auth, "{e}");
+        for w in words {
+            assert!(e.message.contains(w), "{w:?} not in: {e}");
+        }
+        self.ram.check_untouched();
+    }
+}
+
+#[test]
+fn crafted_source_with_the_key_is_admitted() {
+    let nonce = [0x5A; 32];
+    let mut h = handshake(nonce);
+    let tag = source_proof(KEY, h.granted, &nonce, &h.challenge.nonce);
+    h.send_proof(tag);
+    let dest = h.accept.join().unwrap().expect("a source that proved the key is admitted");
+    assert!(dest.negotiated().authenticated);
+    dest.close();
+    h.ram.check_untouched();
+}
+
+#[test]
+fn replayed_handshake_is_refused_before_any_memory_is_registered() {
+    // A good handshake, recorded: the source's nonce and its proof.
+    let nonce = [0x5A; 32];
+    let mut first = handshake(nonce);
+    let recorded = source_proof(KEY, first.granted, &nonce, &first.challenge.nonce);
+    first.send_proof(recorded);
+    first.accept.join().unwrap().expect("the recorded handshake was good").close();
+    // Played again: the destination's nonce is new, so the proof is wrong.
+    let mut replay = handshake(nonce);
+    assert_ne!(replay.challenge.nonce, first.challenge.nonce, "the destination's nonce must be fresh");
+    replay.send_proof(recorded);
+    replay.refused(&["failed to prove the pre-shared key"]);
+}
+
+#[test]
+fn wrong_proof_is_refused() {
+    let mut h = handshake([1; 32]);
+    h.send_proof([0; 32]);
+    h.refused(&["failed to prove the pre-shared key"]);
+}
+
+#[test]
+fn destination_proof_reflected_as_the_source_proof_is_refused() {
+    let mut h = handshake([2; 32]);
+    let reflected = h.challenge.proof;
+    h.send_proof(reflected);
+    h.refused(&["failed to prove the pre-shared key"]);
+}
+
+#[test]
+fn first_message_other_than_auth_is_refused() {
+    let mut h = handshake([3; 32]);
+    h.peer.take_ready();
+    h.peer.send_with(CommandType::RamBlocksRequest, 1, |_| {});
+    h.refused(&["did not authenticate", "expected AUTH"]);
 }
