@@ -16,6 +16,7 @@ mod hints;
 mod hostile;
 mod killpoints;
 mod liveness;
+mod load;
 mod memory;
 mod migration;
 mod pin_all;

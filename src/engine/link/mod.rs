@@ -191,11 +191,11 @@ impl Link {
     /// events and the liveness probe, then sleeps until the CQ fires or the
     /// event poll interval passes.
     fn progress(&mut self, what: &str, deadline: Option<Instant>) -> Result<()> {
+        // Before reaping: a bulk transfer always has completions to take, and
+        // an abort must stop it all the same.
+        self.check_stop(what)?;
         if self.reap()? > 0 {
             return Ok(());
-        }
-        if !self.aborting && self.stop.load(Ordering::Relaxed) {
-            return Err(Error::new(ErrorKind::Aborted, format!("closed while waiting for {what}")));
         }
         self.check_events()?;
         self.keepalive()?;
@@ -211,6 +211,15 @@ impl Link {
             wait = wait.min(deadline - now);
         }
         self.cq.wait(wait)?;
+        Ok(())
+    }
+
+    /// Fails once the owner asked to stop (unless this side is tearing down and
+    /// still sending its ERROR).
+    pub fn check_stop(&self, what: &str) -> Result<()> {
+        if !self.aborting && self.stop.load(Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::Aborted, format!("closed while waiting for {what}")));
+        }
         Ok(())
     }
 

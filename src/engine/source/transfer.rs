@@ -227,6 +227,8 @@ impl Engine {
                 self.flush_pending()?;
                 self.register_deferred()?;
                 self.flush_unregister()?;
+                // An aborted window must never look complete to the destination.
+                self.link.check_stop("the end of the iteration window")?;
                 // The SEND completes after every write posted before it (in-order send queue).
                 self.link.post_message(CommandType::RegisterFinished, |_| Ok(()))?;
                 self.retire_completed();
