@@ -226,8 +226,10 @@ macro_rules! conn_mut {
 /// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry, host not UTF-8);
 /// `RDMAMIG_ERR_CONNECT` (resolution, route, rejection);
-/// `RDMAMIG_ERR_VERSION`; `RDMAMIG_ERR_TIMEOUT`; `RDMAMIG_ERR_VERBS`;
-/// `RDMAMIG_ERR_NO_DEVICE`.
+/// `RDMAMIG_ERR_VERSION`; `RDMAMIG_ERR_AUTH` (authentication: the
+/// destination requires a key and `config` has none, or it does not
+/// authenticate while `config` has a key, or it could not prove the key);
+/// `RDMAMIG_ERR_TIMEOUT`; `RDMAMIG_ERR_VERBS`; `RDMAMIG_ERR_NO_DEVICE`.
 ///
 /// Thread-safe (each call makes its own connection).
 #[no_mangle]

@@ -109,9 +109,15 @@ pub extern "C" fn rdmamig_listener_free(listener: *mut rdmamig_listener) {
 /// `rdmamig_conn_free`); on failure `*out` is left unchanged and the message
 /// is available from `rdmamig_last_error_message`.
 ///
+/// A source from an address not allowed (`rdmamig_config_allow_source`), or
+/// one that fails to authenticate (`rdmamig_config_set_auth_key`), is
+/// rejected and the wait goes on; if no source is admitted before the
+/// timeout, the call fails with `RDMAMIG_ERR_AUTH` saying what it refused.
+///
 /// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
-/// (no source came); `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
+/// (no source came); `RDMAMIG_ERR_AUTH` (sources came, none was admitted);
+/// `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
 /// `RDMAMIG_ERR_VERSION` (the source speaks another protocol version: it was
 /// rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
 /// `RDMAMIG_ERR_VERBS`.
