@@ -111,7 +111,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// | ERROR, READY, REGISTER_FINISHED, UNREGISTER_FINISHED, END_ACK | `len == 0` (any repeat) |
 /// | QEMU_FILE | any `len`, including 0 |
 /// | RAM_BLOCKS_REQUEST | `len == 0`, or `len == repeat × 256` (block-spec extension) |
-/// | RAM_BLOCKS_RESULT | `len % 32 == 0` (QEMU sends repeat 1 for n entries) |
+/// | RAM_BLOCKS_RESULT | `repeat ≥ 1`, `len % 32 == 0` (QEMU sends repeat 1 for n entries) |
 /// | REGISTER_REQUEST, UNREGISTER_REQUEST, COMPRESS | `repeat ≥ 1`, `len == repeat × 24` |
 /// | REGISTER_RESULT | `repeat ≥ 1`, `len == repeat × 16` |
 /// | END (extension) | `repeat == 1`, `len == 16` (one [`EndSummary`]) |
@@ -146,6 +146,9 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
             }
         }
         T::RamBlocksResult => {
+            if repeat == 0 {
+                return Err(DecodeError::ZeroRepeat { kind, len });
+            }
             if len as usize % DestBlock::SIZE != 0 {
                 return Err(DecodeError::PayloadNotMultiple { kind, len, entry_size: DestBlock::SIZE });
             }

@@ -130,9 +130,9 @@ const CREDIT_STOPPED_AFTER: Duration = Duration::from_secs(3);
 const STREAM_LIMIT: u64 = 256 * MIB;
 
 /// Work-request ids (local only), as QEMU numbers them.
-const WRID_WRITE: u64 = 1;
-const WRID_SEND: u64 = 2000;
-const WRID_RECV: u64 = 4000;
+pub(crate) const WRID_WRITE: u64 = 1;
+pub(crate) const WRID_SEND: u64 = 2000;
+pub(crate) const WRID_RECV: u64 = 4000;
 /// Receive buffers: at most two receives are ever outstanding (a response and
 /// the next READY); a third spare keeps the bookkeeping simple.
 const RECV_BUFFERS: usize = 3;
@@ -299,13 +299,13 @@ impl Change {
 
 /// A registered control buffer; `mr` is declared first so it is deregistered
 /// before the memory is freed.
-struct ControlBuffer {
-    mr: MemoryRegion,
-    mem: Box<[u8]>,
+pub(crate) struct ControlBuffer {
+    pub(crate) mr: MemoryRegion,
+    pub(crate) mem: Box<[u8]>,
 }
 
 impl ControlBuffer {
-    fn new(pd: &Arc<ProtectionDomain>, len: usize) -> ControlBuffer {
+    pub(crate) fn new(pd: &Arc<ProtectionDomain>, len: usize) -> ControlBuffer {
         let mut mem = vec![0u8; len].into_boxed_slice();
         // SAFETY: the boxed memory moves into the same struct and outlives `mr` (field order).
         let mr = unsafe { pd.register(mem.as_mut_ptr(), mem.len(), Access::LOCAL_WRITE) }.expect("register buffer");
@@ -340,14 +340,14 @@ fn wait_event(ch: &EventChannel, deadline: Instant) -> CmEvent {
     ch.get_event(Some(left)).expect("get_event").expect("timed out waiting for a connection event")
 }
 
-fn next_event(ch: &EventChannel, want: CmEventKind, deadline: Instant) -> CmEvent {
+pub(crate) fn next_event(ch: &EventChannel, want: CmEventKind, deadline: Instant) -> CmEvent {
     let ev = wait_event(ch, deadline);
     assert_eq!(ev.kind(), want, "unexpected event {ev:?}");
     ev
 }
 
 /// The next completion on `cq`, or None at `deadline`.
-fn next_wc(cq: &CompletionQueue, deadline: Instant) -> Option<WorkCompletion> {
+pub(crate) fn next_wc(cq: &CompletionQueue, deadline: Instant) -> Option<WorkCompletion> {
     let mut wc = [WorkCompletion::default(); 1];
     loop {
         if cq.poll(&mut wc).expect("poll") == 1 {

@@ -14,6 +14,7 @@ mod auth;
 mod child;
 mod hints;
 mod hostile;
+mod hostile_source;
 mod killpoints;
 mod liveness;
 mod load;

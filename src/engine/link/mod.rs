@@ -448,20 +448,10 @@ impl Link {
         self.request_by(deadline, kind, build, expect, f)
     }
 
-    /// As [`request`](Self::request), but the response may take as long as
-    /// the peer needs while it stays alive (liveness): for work on the peer
-    /// that can outlast a network wait, such as pinning all guest RAM.
-    pub fn request_patiently<R>(
-        &mut self,
-        kind: CommandType,
-        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
-        expect: CommandType,
-        f: impl FnOnce(&Message) -> Result<R>,
-    ) -> Result<R> {
-        self.request_by(None, kind, build, expect, f)
-    }
-
-    fn request_by<R>(
+    /// As [`request`](Self::request), with the response awaited until
+    /// `deadline` (`None`: as long as the peer stays alive, for work on the
+    /// peer that can outlast a network wait, such as pinning all guest RAM).
+    pub fn request_by<R>(
         &mut self,
         deadline: Option<Instant>,
         kind: CommandType,

@@ -128,6 +128,13 @@ impl Link {
                 if reply.version != config.protocol_version {
                     return Err(version_error(config.protocol_version, reply.version));
                 }
+                // A destination grants a subset of the offer (QEMU masks it with what it knows).
+                let extra = reply.flags & !offered.flags();
+                if extra != 0 {
+                    return Err(protocol_error(format_args!(
+                        "the destination granted capabilities {extra:#x} that were not offered"
+                    )));
+                }
                 // The destination clears what it does not support; we turn those features off.
                 link.negotiated = offered.masked(reply.flags);
                 if link.negotiated.extensions {

@@ -6,13 +6,14 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
+use std::time::Instant;
 
 use super::chunks::{ChunkKey, ChunkState};
 use super::staging::Staging;
 use super::{Command, Shared};
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
-use crate::engine::ram::{chunk_of, RamBlocks};
+use crate::engine::ram::{chunk_of, RamBlock, RamBlocks};
 use crate::engine::stats::Counters;
 use crate::engine::validate::MAX_COMPRESS_BYTES;
 use crate::engine::{is_zero, Config};
@@ -270,8 +271,11 @@ impl Engine {
         } else {
             Vec::new()
         };
-        // With pin-all the destination registers everything before it answers: no network wait's timeout.
-        let theirs: Vec<DestBlock> = self.link.request_patiently(
+        // With pin-all the destination registers everything before it answers:
+        // no network wait's timeout then, liveness bounds it.
+        let deadline = (!pin_all).then(|| Instant::now() + self.link.timeout);
+        let theirs: Vec<DestBlock> = self.link.request_by(
+            deadline,
             CommandType::RamBlocksRequest,
             |w| specs.iter().try_for_each(|s| w.push(s)),
             CommandType::RamBlocksResult,
@@ -294,8 +298,8 @@ impl Engine {
                     ),
                 ));
             }
-            state.remote_base = dest.remote_host_addr;
-            state.dest_offset = dest.offset;
+            state.remote_base = placed(ours, "address", dest.remote_host_addr)?;
+            state.dest_offset = placed(ours, "offset", dest.offset)?;
             if pin_all {
                 state.remote_rkey = Some(dest.remote_rkey);
             }
@@ -444,7 +448,8 @@ impl Engine {
             Counters::add(&self.shared.counters.registration_round_trips, 1);
             Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
             for (&key, r) in chunks.iter().zip(&results) {
-                self.blocks[key.0 as usize].remote_base = r.host_addr;
+                self.blocks[key.0 as usize].remote_base =
+                    placed(&self.ram.blocks()[key.0 as usize], "address", r.host_addr)?;
                 self.registered_remotely(key, r.rkey);
             }
             let (ready, waiting): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut self.deferred)
@@ -555,5 +560,21 @@ impl Engine {
                 _ => return Ok(()),
             }
         }
+    }
+}
+
+/// Where the destination placed `block` (its `what`, address or offset),
+/// refused if the block's bytes from there would wrap around (a hostile
+/// destination's numbers: every write address is computed from it).
+fn placed(block: &RamBlock, what: &str, at: u64) -> Result<u64> {
+    match at.checked_add(block.length) {
+        Some(_) => Ok(at),
+        None => Err(Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "the destination placed block '{}' at {what} {at:#x}: its {:#x} bytes wrap around",
+                block.name, block.length
+            ),
+        )),
     }
 }
