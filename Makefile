@@ -2,7 +2,9 @@
 #
 #   make                 release build + target/lib/librdmamig.so.$(VERSION)
 #   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib
-#   make c-tests         build c-tests/*.c into target/c-tests/
+#   make c-tests         build c-tests/*.c into target/c-tests/ (ASan/UBSan), and
+#                        c-tests/rdma_test_*.c without sanitizers into
+#                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps)
 #   make check           run the host C tests (c-tests/test_*.c)
 #   make header          regenerate include/rdmamig.h (cbindgen 0.29.4)
 #   make symbols         regenerate the golden list abi/symbols.txt
@@ -55,6 +57,12 @@ CTEST_SRCS := $(wildcard c-tests/*.c)
 CTEST_BINS := $(patsubst c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
 HOST_TESTS := $(filter $(CTEST_DIR)/test_%,$(CTEST_BINS))
 
+# The RDMA test programs once more without sanitizers, for valgrind's memcheck
+# (which cannot run an ASan binary): same warnings, no -fsanitize.
+VG_CTEST_DIR    := $(TARGET_DIR)/c-tests-valgrind
+VG_CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic -fno-omit-frame-pointer -Iinclude
+VG_CTEST_BINS   := $(patsubst c-tests/%.c,$(VG_CTEST_DIR)/%,$(wildcard c-tests/rdma_test_*.c))
+
 .PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
@@ -100,12 +108,17 @@ uninstall:
 
 # C tests: test_*.c run on any host (`make check`); rdma_test_*.c need an RDMA
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
-c-tests: all $(CTEST_BINS) header-compile
+c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) header-compile
 
 $(CTEST_DIR)/%: c-tests/%.c c-tests/check.h include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 	@nm $@ | grep -q __asan_init || { echo "error: $@ is not linked with ASan" >&2; exit 1; }
+
+$(VG_CTEST_DIR)/%: c-tests/%.c c-tests/check.h include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+	@mkdir -p $(VG_CTEST_DIR)
+	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
+	@! nm $@ | grep -q __asan_init || { echo "error: $@ is linked with ASan" >&2; exit 1; }
 
 # The header must compile on its own as C99, C11 and C++ (cpp_compat).
 header-compile: include/rdmamig.h
@@ -153,6 +166,6 @@ check-abi: all
 	bash scripts/check-abi.sh $(SHLIB)
 
 clean:
-	rm -rf $(LIBOUT) $(CTEST_DIR) $(TARGET_DIR)/rdmamig.pc
+	rm -rf $(LIBOUT) $(CTEST_DIR) $(VG_CTEST_DIR) $(TARGET_DIR)/rdmamig.pc
 
 FORCE:

@@ -8,13 +8,19 @@
 #                              with cargo test --release, run --test-threads=1
 #   3. c:rdma_test_*           each executable target/c-tests/rdma_test_*
 #                              (built by the Makefile beforehand; none: skipped)
+#   4. c-valgrind:rdma_test_*  the same programs without sanitizers
+#                              (target/c-tests-valgrind/, also `make c-tests`)
+#                              under valgrind memcheck, small sizes (memcheck
+#                              under TCG is slow); FAIL on any memcheck error
+#                              or definite leak, in any process (the demo
+#                              forks); suppressions: c-tests/valgrind.supp
 #
 # then, after that guest, one rxe-vm.sh --pair boot (two guests on a virtual
 # wire) per two-guest test: the #[ignore]d `liveness::pair_*` tests of the same
 # binary (tests/rdma/liveness.rs: a guest takes its link down), run in both
 # guests, each step PASS when both guests pass:
 #
-#   4. rust:liveness-pair:NAME     NAME without "liveness::pair_"; one boot each
+#   5. rust:liveness-pair:NAME     NAME without "liveness::pair_"; one boot each
 #                                  because a connection that failed on a downed
 #                                  link keeps the next one between the same two
 #                                  guests from connecting (rxe, ~20 s per boot)
@@ -24,16 +30,17 @@
 #                                     pair tests run when they match the filter
 #
 # Prints "rdma-suite: PASS <step>" or "rdma-suite: FAIL <step> (...)" for each
-# step and, last, "rdma-suite: N passed, M failed".  Exit status: 0 if all
-# passed, 1 if something failed, 125 if the guest itself failed (rxe-vm.sh:
-# setup, RXE_VM_TIMEOUT); steps that did not run count as failed.
+# step (in the guest followed by its time, "[N s]") and, last, "rdma-suite: N
+# passed, M failed".  Exit status: 0 if all passed, 1 if something failed, 125
+# if the guest itself failed (rxe-vm.sh: setup, RXE_VM_TIMEOUT); steps that
+# did not run count as failed.
 # Run as root.  Environment: RDMA_SUITE_STEP_TIMEOUT (seconds per step,
-# default 600); RXE_VM_* (see scripts/rxe-vm.sh); RXE_VM_MEM defaults to 4G
+# default 1200: the Rust tests are one step); RXE_VM_* (see scripts/rxe-vm.sh); RXE_VM_MEM defaults to 4G
 # for the main guest here (tests/rdma/pin_all.rs needs 2 GiB of test RAM).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 125
 VM=$PWD/scripts/rxe-vm.sh
-export RDMA_SUITE_STEP_TIMEOUT=${RDMA_SUITE_STEP_TIMEOUT:-600}
+export RDMA_SUITE_STEP_TIMEOUT=${RDMA_SUITE_STEP_TIMEOUT:-1200}
 # Private directory, shared read-write with the guest: its step list and
 # results.
 RDMA_SUITE_DIR=$(mktemp -d /tmp/rdma-suite.XXXXXX) || exit 125
@@ -90,12 +97,48 @@ for t in target/c-tests/rdma_test_*; do
 done
 [ $c_tests != 0 ] || echo "rdma-suite: no C RDMA tests (target/c-tests/rdma_test_*): skipped"
 
+# The same programs under valgrind memcheck.  Definite leaks count as errors;
+# possible ones (librdmacm keeps its device list for the process's life) do
+# not.  Forked children (the demo's source and destination) are checked too:
+# a child's exit status 99 fails its parent, and so the step.
+VALGRIND=(valgrind --tool=memcheck --error-exitcode=99 --leak-check=full
+          --errors-for-leak-kinds=definite --show-leak-kinds=definite
+          --track-fds=no --num-callers=30 --suppressions="$PWD/c-tests/valgrind.supp")
+# The runs of each program under valgrind, one argument list per element.
+# The demo at its smallest RAM (48 MiB), both modes: 75-115 s in the guest
+# (rdma_test_cancel: ~17 s).
+valgrind_runs() {
+    case $1 in
+        rdma_test_demo) runs=("--mib 48" "--mib 48 --pin-all") ;;
+        *) runs=("") ;;
+    esac
+}
+for t in target/c-tests/rdma_test_*; do
+    [ -f "$t" ] && [ -x "$t" ] || continue
+    name=${t##*/}
+    vg=target/c-tests-valgrind/$name
+    if ! command -v valgrind > /dev/null; then
+        host_fail "c-valgrind:$name" "valgrind is not installed (apt-get install valgrind)"
+        continue
+    fi
+    if ! [ -f "$vg" ] || ! [ -x "$vg" ]; then
+        host_fail "c-valgrind:$name" "$vg is not built (make c-tests)"
+        continue
+    fi
+    valgrind_runs "$name"
+    cmd=
+    for args in "${runs[@]}"; do
+        cmd+="${cmd:+ && }$(printf '%q ' "${VALGRIND[@]}" "$PWD/$vg")$args"
+    done
+    add_step "c-valgrind:$name" bash -c "$cmd"
+done
+
 # In the guest: run each step (with a timeout), one result line each.  The
 # guest gets 4G unless RXE_VM_MEM says otherwise: pin_all:: migrates 1 GiB per
 # side in two processes (the --pair boots below keep rxe-vm.sh's default).
 RXE_VM_MEM=${RXE_VM_MEM:-4G} RXE_VM_SHARE="${RXE_VM_SHARE:-} $RDMA_SUITE_DIR" "$VM" '
 step() {
-    local name=$1 rc result
+    local name=$1 rc result t0=$SECONDS
     shift
     echo "rdma-suite: --- $name: $*"
     timeout -k 10 "$RDMA_SUITE_STEP_TIMEOUT" "$@"
@@ -105,7 +148,7 @@ step() {
         124) result="FAIL $name (timed out after ${RDMA_SUITE_STEP_TIMEOUT}s)" ;;
         *) result="FAIL $name (exit status $rc)" ;;
     esac
-    echo "rdma-suite: $result"
+    echo "rdma-suite: $result [$((SECONDS - t0)) s]"
     echo "$result" >> "$RDMA_SUITE_DIR/results"
 }
 . "$RDMA_SUITE_DIR/steps"
