@@ -24,6 +24,7 @@ use crate::verbs::{
 use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE};
 use crate::{Error, ErrorKind, Result};
 
+mod auth;
 mod setup;
 
 pub use setup::{Listener, Negotiated};

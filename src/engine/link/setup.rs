@@ -7,15 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::auth::auth_error;
 use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
-use crate::engine::auth::{self, AuthKey, Role, Transcript};
+use crate::engine::auth::{self, Role, Transcript};
 use crate::engine::pin;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
 use crate::wire::{
-    AcceptData, AuthChallenge, AuthProof, Capabilities, CommandType, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH,
-    CAP_RDMAMIG_EXT,
+    AcceptData, AuthChallenge, Capabilities, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -71,10 +71,6 @@ fn check_auth_config(config: &Config) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn auth_error(message: String) -> Error {
-    Error::new(ErrorKind::Auth, message)
 }
 
 impl Link {
@@ -162,34 +158,6 @@ impl Link {
                 format!("connecting to {host}:{port} failed: {other:?} (status {})", event.status()),
             )),
         }
-    }
-
-    /// Source side, once connected with a key: checks the destination's
-    /// proof (it must have granted authentication), then sends its own (AUTH).
-    fn authenticate(
-        &mut self,
-        key: &AuthKey,
-        caps: Capabilities,
-        nonce: auth::Nonce,
-        accepted: &AcceptData,
-    ) -> Result<()> {
-        let Some(challenge) = accepted.auth.filter(|_| self.negotiated.authenticated) else {
-            return Err(auth_error(
-                "the destination does not authenticate (it did not grant the authentication capability)".into(),
-            ));
-        };
-        let transcript = Transcript {
-            version: caps.version,
-            offered: caps.flags,
-            granted: accepted.caps.flags,
-            source_nonce: nonce,
-            destination_nonce: challenge.nonce,
-        };
-        if !key.verify(Role::Destination, &transcript, &challenge.proof) {
-            return Err(auth_error("the destination failed to prove the pre-shared key (the keys differ?)".into()));
-        }
-        let proof = AuthProof { tag: key.prove(Role::Source, &transcript) };
-        self.post_message(CommandType::Auth, |w| w.push(&proof))
     }
 
     /// Destination side: accept a connection request from `listener`, for
@@ -310,24 +278,6 @@ impl Link {
             link.check_source_proof(key, &t, &from)?;
         }
         Ok(link)
-    }
-
-    /// Destination side: the source's first message must be AUTH with its
-    /// proof, within the config's timeout. Anything else refuses the source
-    /// (`ErrorKind::Auth`) before any guest memory is registered.
-    fn check_source_proof(&mut self, key: &AuthKey, t: &Transcript, from: &str) -> Result<()> {
-        let deadline = Some(Instant::now() + self.timeout);
-        let proof = self.receive_by(deadline, |m| match m.kind {
-            CommandType::Auth => m.collect_entries::<AuthProof>().map_err(protocol_error).map(|p| p[0]),
-            other => Err(Error::new(ErrorKind::Protocol, format!("expected AUTH, got {other:?}"))),
-        });
-        let refused = match proof {
-            Ok(p) if key.verify(Role::Source, t, &p.tag) => return Ok(()),
-            Ok(_) => format!("the source from {from} failed to prove the pre-shared key"),
-            Err(e) => format!("the source from {from} did not authenticate: {}", e.message),
-        };
-        self.send_error();
-        Err(auth_error(refused))
     }
 }
 
