@@ -72,7 +72,7 @@ static void test_status(void) {
             for (uint32_t t = 0; t < s; t++) CHECK(strcmp(str, rdmamig_status_str(t)) != 0);
         }
     }
-    CHECK(n == RDMAMIG_ERR_PIN_BUDGET + 1);
+    CHECK(n == RDMAMIG_ERR_AUTH + 1);
 }
 
 static void test_null_and_config(void) {
@@ -83,6 +83,8 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_liveness_ms(NULL, 1000), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_pin_budget(NULL, 1 << 20), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_unregister_worker(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_auth_key(NULL, NULL, 0), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_allow_source(NULL, "192.0.2.1"), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -99,6 +101,15 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_pin_budget(c, 64u << 20), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK); /* from RLIMIT_MEMLOCK */
     CHECK_STATUS(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
+    static const uint8_t key[32] = "a 32-byte key for test_abi.c ..";
+    CHECK_STATUS(rdmamig_config_set_auth_key(c, key, 15), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(rdmamig_config_set_auth_key(c, NULL, 16), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_auth_key(c, key, sizeof key), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_auth_key(c, NULL, 0), RDMAMIG_OK); /* removed */
+    CHECK_STATUS(rdmamig_config_allow_source(c, "192.0.2.0/24"), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_allow_source(c, "2001:db8::/32"), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_allow_source(c, "192.0.2.0/33"), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(rdmamig_config_allow_source(c, NULL), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(c);
     /* No connection, no worker: nothing to wait for. */
     CHECK_STATUS(rdmamig_unregister_flush(), RDMAMIG_OK);
