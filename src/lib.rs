@@ -28,5 +28,13 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind, Result};
 
+/// What the fuzz targets (`fuzz/`) drive directly, without a connection.
+/// Not part of the API: only built with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
+}
+
 /// The library version, as in Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

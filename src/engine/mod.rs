@@ -8,7 +8,7 @@
 
 pub mod auth;
 pub mod config;
-mod destination;
+pub(crate) mod destination;
 pub mod device;
 mod link;
 mod pin;

@@ -62,7 +62,7 @@ pub(crate) fn unregister_chunk(block: &RamBlock, r: &RegisterRequest) -> Result<
 /// Checks one COMPRESS message before any range is applied: what QEMU sends
 /// toward a QEMU-compatible peer (one range inside one chunk), and at most
 /// [`MAX_COMPRESS_BYTES`] in all between rdmamig peers. Each range's place in
-/// its block is checked by [`block_offset`] when it is applied.
+/// its block is checked by [`block_offset`], for every range before any is applied.
 pub(crate) fn check_compress(ranges: &[Compress], extensions: bool) -> Result<()> {
     if extensions {
         let total = ranges.iter().try_fold(0u64, |t, z| t.checked_add(z.length));

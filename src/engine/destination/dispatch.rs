@@ -1,0 +1,539 @@
+//! The destination's protocol state machine: what each message from the
+//! source asks for (RAM-block exchange, registrations, zero ranges, window
+//! and migration ends), checked (`validate`) and applied to guest RAM, and
+//! what to answer. It sees messages already validated by
+//! `wire::decode_message` and knows nothing of the connection: the service
+//! thread feeds it from the link, the fuzz target from arbitrary bytes.
+
+use std::sync::Arc;
+
+use crate::engine::link::protocol_error;
+use crate::engine::ram::RamBlocks;
+use crate::engine::stats::Counters;
+use crate::engine::{is_zero, validate, Ending};
+use crate::wire::{
+    BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,
+    RegisterRequest, RegisterResult,
+};
+use crate::{Error, ErrorKind, Result};
+
+/// How the dispatcher registers guest memory for the source's writes: the
+/// connection's `Pins`, or a stand-in where there is no RDMA device.
+pub trait Registrar {
+    /// What keeps a range registered until it is released.
+    type Registration;
+
+    /// Fails (`PinBudget`) if `len` more bytes cannot fit the pin budget,
+    /// even once what was released is deregistered: the source cannot make
+    /// this side unpin.
+    fn check_budget(&self, len: u64) -> Result<()>;
+
+    /// Registers `len` bytes at `ptr` for the source's RDMA writes.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` stays mapped while the registration lives.
+    unsafe fn register_remote(&mut self, ptr: *mut u8, len: u64) -> Result<Self::Registration>;
+
+    /// The key the source writes into `registration` with.
+    fn rkey(registration: &Self::Registration) -> u32;
+
+    fn release_remote(&mut self, registration: Self::Registration);
+}
+
+/// What the service does after a message.
+#[derive(Debug)]
+pub enum Step {
+    /// QEMU_FILE: the message's payload is stream bytes for the hypervisor.
+    Stream,
+    /// REGISTER_FINISHED: an iteration window is complete (all its RAM in place).
+    WindowClosed,
+    /// Applied; nothing to answer (COMPRESS).
+    Applied,
+    /// Send this answer, then take the next message.
+    Answer(Reply),
+    /// RAM_BLOCKS_REQUEST: answer with [`Dispatcher::blocks_result`], once
+    /// pin-all's registrations (if this side pins all) are handed to
+    /// [`Dispatcher::pinned_all`].
+    Blocks,
+    /// Send this answer, then the connection ends as said: END_ACK after a
+    /// checked END, or an empty RAM_BLOCKS_RESULT that makes the source fail too.
+    Last(Reply, Result<Ending>),
+}
+
+/// An answer to the source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    RamBlocksResult(Vec<DestBlock>),
+    RegisterResult(Vec<RegisterResult>),
+    /// Echoes the request's entry count.
+    UnregisterFinished(u32),
+    EndAck,
+}
+
+impl Reply {
+    pub fn kind(&self) -> CommandType {
+        match self {
+            Reply::RamBlocksResult(_) => CommandType::RamBlocksResult,
+            Reply::RegisterResult(_) => CommandType::RegisterResult,
+            Reply::UnregisterFinished(_) => CommandType::UnregisterFinished,
+            Reply::EndAck => CommandType::EndAck,
+        }
+    }
+
+    /// Writes the payload (and repeat) into a writer for [`kind`](Self::kind).
+    pub fn write(&self, w: &mut MessageWriter) -> std::result::Result<(), EncodeError> {
+        match self {
+            Reply::RamBlocksResult(blocks) => blocks.iter().try_for_each(|b| w.push(b)),
+            Reply::RegisterResult(results) => results.iter().try_for_each(|r| w.push(r)),
+            Reply::UnregisterFinished(n) => {
+                w.set_repeat(*n);
+                Ok(())
+            }
+            Reply::EndAck => Ok(()),
+        }
+    }
+}
+
+/// What holds a chunk registered on this side (dynamic registration).
+enum ChunkReg<G> {
+    Free,
+    /// The first chunk of a registered range: owns its registration.
+    Owner(G),
+    /// A later chunk of the range whose first chunk is this index.
+    Covered(usize),
+}
+
+/// The destination's view of one connection's protocol state.
+pub struct Dispatcher<R: Registrar> {
+    ram: RamBlocks,
+    /// Both sides speak rdmamig's extensions (END, bounded COMPRESS batches).
+    extensions: bool,
+    /// This side registers whole blocks (handed over with `pinned_all`), never chunks.
+    pin_all: bool,
+    counters: Arc<Counters>,
+    /// Local block index of each source block index (identity until the source describes its blocks).
+    order: Vec<usize>,
+    /// Registered ranges per local block and chunk; pin-all keeps one whole-block registration.
+    chunks: Vec<Vec<ChunkReg<R::Registration>>>,
+    whole: Vec<Option<R::Registration>>,
+    /// A registration message arrived and REGISTER_FINISHED has not yet.
+    in_window: bool,
+    /// RAM_BLOCKS_REQUEST was answered: block indexes mean what it said for good.
+    blocks_exchanged: bool,
+}
+
+fn entries<E: Entry>(m: &Message) -> Result<Vec<E>> {
+    m.collect_entries::<E>().map_err(protocol_error)
+}
+
+fn protocol(message: String) -> Error {
+    Error::new(ErrorKind::Protocol, message)
+}
+
+impl<R: Registrar> Dispatcher<R> {
+    pub fn new(ram: RamBlocks, extensions: bool, pin_all: bool, counters: Arc<Counters>) -> Self {
+        let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| ChunkReg::Free).collect()).collect();
+        let whole = ram.blocks().iter().map(|_| None).collect();
+        let order = (0..ram.len()).collect();
+        Dispatcher {
+            ram,
+            extensions,
+            pin_all,
+            counters,
+            order,
+            chunks,
+            whole,
+            in_window: false,
+            blocks_exchanged: false,
+        }
+    }
+
+    pub fn ram(&self) -> &RamBlocks {
+        &self.ram
+    }
+
+    /// Whether an iteration window is open: its RAM is incomplete until REGISTER_FINISHED.
+    pub fn in_window(&self) -> bool {
+        self.in_window
+    }
+
+    /// Serves one message from the source; an error ends the connection.
+    pub fn dispatch(&mut self, m: &Message, registrar: &mut R) -> Result<Step> {
+        let step = match m.kind {
+            CommandType::QemuFile => {
+                Counters::add(&self.counters.stream_bytes, m.payload.len() as u64);
+                return Ok(Step::Stream);
+            }
+            // decode_message let END through with exactly one summary.
+            CommandType::End if self.extensions => return self.end(entries(m)?[0]),
+            CommandType::RegisterFinished => {
+                self.in_window = false;
+                Counters::add(&self.counters.iterations, 1);
+                return Ok(Step::WindowClosed);
+            }
+            // A second one would change what every block index means under registrations handed out.
+            CommandType::RamBlocksRequest if self.blocks_exchanged => {
+                return Err(protocol("unexpected second RamBlocksRequest message from the source".into()))
+            }
+            CommandType::RamBlocksRequest => {
+                let specs = entries(m)?;
+                self.blocks_exchanged = true;
+                self.in_window = true;
+                self.blocks(&specs)
+            }
+            CommandType::RegisterRequest => {
+                let requests = entries(m)?;
+                self.in_window = true;
+                Step::Answer(self.register(&requests, registrar)?)
+            }
+            CommandType::UnregisterRequest => {
+                let requests = entries(m)?;
+                self.in_window = true;
+                Step::Answer(self.unregister(&requests, registrar)?)
+            }
+            CommandType::Compress => {
+                let ranges = entries(m)?;
+                self.in_window = true;
+                self.zero(&ranges)?;
+                Step::Applied
+            }
+            other => return Err(protocol(format!("unexpected {other:?} message from the source"))),
+        };
+        Ok(step)
+    }
+
+    /// END: acknowledged if this side received everything it counts.
+    fn end(&self, summary: EndSummary) -> Result<Step> {
+        let stats = self.counters.snapshot();
+        let received = EndSummary { stream_bytes: stats.stream_bytes, windows: stats.iterations };
+        if self.in_window || summary != received {
+            return Err(protocol(format!(
+                "the source ended the migration after {} stream bytes and {} windows, this side has {} and {}{}",
+                summary.stream_bytes,
+                summary.windows,
+                received.stream_bytes,
+                received.windows,
+                if self.in_window { " and a window still open" } else { "" }
+            )));
+        }
+        Ok(Step::Last(Reply::EndAck, Ok(Ending::Completed)))
+    }
+
+    /// RAM_BLOCKS_REQUEST: with block specs (rdmamig source), the source's
+    /// block order, checked against ours.
+    fn blocks(&mut self, specs: &[BlockSpec]) -> Step {
+        if !specs.is_empty() {
+            match validate::match_blocks(&self.ram, specs) {
+                Ok(order) => self.order = order,
+                // An empty answer makes the source fail with a count mismatch too.
+                Err(e) => return Step::Last(Reply::RamBlocksResult(Vec::new()), Err(e)),
+            }
+        }
+        Step::Blocks
+    }
+
+    /// Takes pin-all's registrations, one per local block.
+    pub fn pinned_all(&mut self, registrations: Vec<R::Registration>) {
+        for (i, reg) in registrations.into_iter().enumerate() {
+            Counters::add(&self.counters.chunks_registered, self.ram.blocks()[i].chunk_count() as u64);
+            self.whole[i] = Some(reg);
+        }
+    }
+
+    /// The answer to RAM_BLOCKS_REQUEST: our blocks in the source's order.
+    pub fn blocks_result(&self) -> Reply {
+        let blocks = self
+            .order
+            .iter()
+            .map(|&local| {
+                let b = &self.ram.blocks()[local];
+                DestBlock {
+                    remote_host_addr: b.host as u64,
+                    offset: b.offset,
+                    length: b.length,
+                    remote_rkey: self.whole[local].as_ref().map_or(0, R::rkey),
+                }
+            })
+            .collect();
+        Reply::RamBlocksResult(blocks)
+    }
+
+    fn register(&mut self, requests: &[RegisterRequest], registrar: &mut R) -> Result<Reply> {
+        let mut results = Vec::with_capacity(requests.len());
+        for r in requests {
+            let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
+            let (first, last) = validate::register_span(block, r)?;
+            let host_addr = block.host as u64;
+            let rkey = match &self.whole[local] {
+                Some(reg) => R::rkey(reg),
+                // The whole block gets registered at the blocks exchange: a chunk registered now would be pinned twice.
+                None if self.pin_all => {
+                    return Err(protocol(format!(
+                        "register request for block '{}' before the RAM blocks exchange (pin-all)",
+                        block.name
+                    )))
+                }
+                None => self.register_chunks(local, first, last, registrar)?,
+            };
+            results.push(RegisterResult { rkey, host_addr });
+        }
+        Counters::add(&self.counters.registration_round_trips, 1);
+        Ok(Reply::RegisterResult(results))
+    }
+
+    /// The rkey of a registration covering chunks `[first, last]` of local
+    /// block `local`: an existing one that covers them all (its key stays
+    /// valid, as the source may still write with it), or a new one if none
+    /// of them is registered. Each chunk belongs to at most one registration,
+    /// so each pinned byte is counted once; a request that overlaps an
+    /// existing registration only in part is refused.
+    fn register_chunks(&mut self, local: usize, first: usize, last: usize, registrar: &mut R) -> Result<u32> {
+        let regs = &mut self.chunks[local];
+        let owner = match regs[first] {
+            ChunkReg::Covered(o) => Some(o),
+            ChunkReg::Owner(_) => Some(first),
+            ChunkReg::Free => None,
+        };
+        if let Some(o) = owner {
+            let covers = (first..=last).all(|c| c == o || matches!(regs[c], ChunkReg::Covered(x) if x == o));
+            return match &regs[o] {
+                ChunkReg::Owner(reg) if covers => Ok(R::rkey(reg)),
+                _ => Err(protocol(format!(
+                    "register request for chunks {first}..={last} overlaps the registration at chunk {o} in part"
+                ))),
+            };
+        }
+        if let Some(c) = (first..=last).find(|&c| !matches!(regs[c], ChunkReg::Free)) {
+            return Err(protocol(format!(
+                "register request for chunks {first}..={last} overlaps the registration of chunk {c}"
+            )));
+        }
+        let block = &self.ram.blocks()[local];
+        let (start, _) = block.chunk_range(first);
+        let (_, end) = block.chunk_range(last);
+        let len = end - start;
+        registrar.check_budget(len).map_err(|e| {
+            Error::new(
+                ErrorKind::PinBudget,
+                format!(
+                    "the source asked to register chunks {first}..={last} of block '{}': {}",
+                    block.name, e.message
+                ),
+            )
+        })?;
+        // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
+        let reg = unsafe { registrar.register_remote(block.host_ptr(start), len)? };
+        let rkey = R::rkey(&reg);
+        Counters::add(&self.counters.chunks_registered, (last - first + 1) as u64);
+        regs[first] = ChunkReg::Owner(reg);
+        for reg in &mut regs[first + 1..=last] {
+            *reg = ChunkReg::Covered(first);
+        }
+        Ok(rkey)
+    }
+
+    /// UNREGISTER: drops the registration holding each named chunk (all of
+    /// its chunks). A chunk that is not registered is refused: the source
+    /// lost track of what it registered (QEMU would dereference a null MR).
+    fn unregister(&mut self, requests: &[RegisterRequest], registrar: &mut R) -> Result<Reply> {
+        for r in requests {
+            let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
+            let chunk = validate::unregister_chunk(block, r)?;
+            let regs = &mut self.chunks[local];
+            let owner = match regs[chunk] {
+                ChunkReg::Covered(o) => o,
+                _ => chunk,
+            };
+            let ChunkReg::Owner(reg) = std::mem::replace(&mut regs[owner], ChunkReg::Free) else {
+                return Err(protocol(format!(
+                    "unregister of chunk {chunk} of block '{}', which is not registered",
+                    block.name
+                )));
+            };
+            registrar.release_remote(reg);
+            Counters::add(&self.counters.unpins, 1);
+            for reg in regs[owner + 1..].iter_mut().take_while(|r| matches!(r, ChunkReg::Covered(o) if *o == owner)) {
+                *reg = ChunkReg::Free;
+            }
+        }
+        Ok(Reply::UnregisterFinished(requests.len() as u32))
+    }
+
+    /// COMPRESS: every range is checked before any is applied.
+    fn zero(&mut self, ranges: &[Compress]) -> Result<()> {
+        validate::check_compress(ranges, self.extensions)?;
+        let targets = ranges
+            .iter()
+            .map(|z| {
+                let (_, block) = validate::local_block(&self.order, &self.ram, z.block_index)?;
+                Ok(block.host_ptr(validate::block_offset(block, z.offset, z.length)?))
+            })
+            .collect::<Result<Vec<*mut u8>>>()?;
+        for (z, ptr) in ranges.iter().zip(targets) {
+            // SAFETY: the range was checked to lie inside a block the hypervisor keeps mapped.
+            // Already-zero memory is left untouched so untouched pages stay unallocated.
+            unsafe {
+                if !is_zero(ptr, z.length as usize) {
+                    std::ptr::write_bytes(ptr, 0, z.length as usize);
+                }
+            }
+            Counters::add(&self.counters.zero_chunks, 1);
+        }
+        Ok(())
+    }
+
+    /// Hands every registration back to `registrar`, whole blocks first.
+    pub fn release_all(self, registrar: &mut R) {
+        let owners = self.chunks.into_iter().flatten().filter_map(|c| match c {
+            ChunkReg::Owner(reg) => Some(reg),
+            _ => None,
+        });
+        for reg in self.whole.into_iter().flatten().chain(owners) {
+            registrar.release_remote(reg);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{decode_message, CHUNK_SIZE, CONTROL_BUFFER_SIZE};
+
+    const MIB: u64 = CHUNK_SIZE;
+
+    /// Registrations as bare keys; `live` holds those not yet released.
+    #[derive(Default)]
+    struct Keys {
+        next: u32,
+        live: Vec<u32>,
+    }
+
+    impl Registrar for Keys {
+        type Registration = u32;
+
+        fn check_budget(&self, _len: u64) -> Result<()> {
+            Ok(())
+        }
+
+        unsafe fn register_remote(&mut self, _ptr: *mut u8, _len: u64) -> Result<u32> {
+            self.next += 1;
+            self.live.push(self.next);
+            Ok(self.next)
+        }
+
+        fn rkey(key: &u32) -> u32 {
+            *key
+        }
+
+        fn release_remote(&mut self, key: u32) {
+            assert!(self.live.contains(&key), "released twice: {key}");
+            self.live.retain(|&k| k != key);
+        }
+    }
+
+    /// One 3 MiB block "a" at RAM offset 16 MiB, over real memory.
+    struct Fixture {
+        _mem: Vec<u8>,
+        dispatcher: Dispatcher<Keys>,
+        keys: Keys,
+    }
+
+    impl Fixture {
+        fn new(extensions: bool, pin_all: bool) -> Fixture {
+            let mut mem = vec![0xAA; 3 * MIB as usize];
+            let mut ram = RamBlocks::new();
+            // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
+            unsafe { ram.add("a", mem.as_mut_ptr(), 16 * MIB, 3 * MIB).unwrap() };
+            let dispatcher = Dispatcher::new(ram, extensions, pin_all, Arc::new(Counters::new()));
+            Fixture { _mem: mem, dispatcher, keys: Keys::default() }
+        }
+
+        /// Sends one message built from `entries` through the wire codec.
+        fn send<E: Entry>(&mut self, kind: CommandType, entries: &[E]) -> Result<Step> {
+            let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
+            let mut w = MessageWriter::new(&mut buf, kind);
+            entries.iter().for_each(|e| w.push(e).unwrap());
+            let n = w.finish();
+            let m = decode_message(&buf[..n]).unwrap();
+            self.dispatcher.dispatch(&m, &mut self.keys)
+        }
+
+        /// REGISTER_REQUEST for chunk `chunk` and `more` chunks after it; returns the rkey.
+        fn register(&mut self, chunk: u64, more: u64) -> u32 {
+            let r = RegisterRequest { key: 16 * MIB + chunk * MIB, block_index: 0, chunks: more };
+            match self.send(CommandType::RegisterRequest, &[r]).unwrap() {
+                Step::Answer(Reply::RegisterResult(results)) => results[0].rkey,
+                other => panic!("{other:?}"),
+            }
+        }
+
+        fn unregister(&mut self, chunks: &[u64]) -> Result<Step> {
+            let requests: Vec<RegisterRequest> =
+                chunks.iter().map(|&c| RegisterRequest { key: c, block_index: 0, chunks: 0 }).collect();
+            self.send(CommandType::UnregisterRequest, &requests)
+        }
+    }
+
+    fn refused(step: Result<Step>, words: &[&str]) {
+        let e = step.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Protocol, "{e}");
+        for w in words {
+            assert!(e.message.contains(w), "{w:?} not in: {e}");
+        }
+    }
+
+    #[test]
+    fn unregister_drops_a_registration_once() {
+        let mut f = Fixture::new(true, false);
+        f.register(0, 0);
+        let two = f.register(1, 1);
+        assert!(matches!(f.unregister(&[0]).unwrap(), Step::Answer(Reply::UnregisterFinished(1))));
+        // A covered chunk names the whole registration.
+        assert!(matches!(f.unregister(&[2]).unwrap(), Step::Answer(Reply::UnregisterFinished(1))));
+        assert!(f.keys.live.is_empty(), "{:?}", f.keys.live);
+        assert_ne!(f.register(1, 1), two, "registered again: a new registration");
+        assert_eq!(f.keys.live.len(), 1);
+    }
+
+    #[test]
+    fn unregister_of_a_chunk_not_registered_is_refused() {
+        let mut f = Fixture::new(true, false);
+        refused(f.unregister(&[1]), &["chunk 1", "block 'a'", "not registered"]);
+
+        let mut f = Fixture::new(true, false);
+        f.register(0, 0);
+        f.unregister(&[0]).unwrap();
+        refused(f.unregister(&[0]), &["chunk 0", "not registered"]);
+
+        // Two chunks of one registration: the first drops it, the second finds nothing.
+        let mut f = Fixture::new(true, false);
+        f.register(0, 2);
+        refused(f.unregister(&[0, 1]), &["chunk 1", "not registered"]);
+        assert!(f.keys.live.is_empty());
+    }
+
+    #[test]
+    fn unregister_under_pin_all_is_refused() {
+        let mut f = Fixture::new(true, true);
+        assert!(matches!(f.send::<BlockSpec>(CommandType::RamBlocksRequest, &[]).unwrap(), Step::Blocks));
+        // SAFETY: `Keys` touches no memory.
+        let whole = unsafe { f.keys.register_remote(std::ptr::null_mut(), 3 * MIB).unwrap() };
+        f.dispatcher.pinned_all(vec![whole]);
+        assert_eq!(f.register(1, 0), whole, "pin-all answers with the block's key");
+        refused(f.unregister(&[1]), &["chunk 1", "not registered"]);
+        assert_eq!(f.keys.live, [whole]);
+    }
+
+    /// Found by the `dispatch` fuzz target: under pin-all, a REGISTER before
+    /// RAM_BLOCKS_REQUEST was served with a chunk registration, and the
+    /// blocks exchange then registered the whole block over it.
+    #[test]
+    fn pin_all_refuses_register_before_the_blocks_exchange() {
+        for extensions in [false, true] {
+            let mut f = Fixture::new(extensions, true);
+            let r = RegisterRequest { key: 16 * MIB, block_index: 0, chunks: 0 };
+            refused(f.send(CommandType::RegisterRequest, &[r]), &["block 'a'", "before the RAM blocks exchange"]);
+            assert!(f.keys.live.is_empty(), "registered: {:?}", f.keys.live);
+        }
+    }
+}

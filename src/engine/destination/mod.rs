@@ -1,0 +1,207 @@
+//! The destination side. A service thread (`service`) owns the connection:
+//! it grants the source one READY credit at a time and serves every control
+//! message as it arrives (RAM-block exchange, registrations, zero ranges,
+//! iteration ends; `dispatch`), so the hypervisor never has to parse its own
+//! stream to find QEMU's hook markers. Stream bytes (QEMU_FILE) are buffered
+//! for `get`.
+
+pub(crate) mod dispatch;
+mod service;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::link::{Link, Listener, Negotiated};
+use crate::engine::pin::{Pins, Unregistration};
+use crate::engine::ram::RamBlocks;
+use crate::engine::stats::{Counters, Stats};
+use crate::engine::Ending;
+use crate::{Error, ErrorKind, Result};
+use service::Service;
+
+/// What `Destination::get` read: stream bytes, or the end of a stream that
+/// ended without a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    Bytes(usize),
+    End(Ending),
+}
+
+/// What the service thread tells the handle.
+#[derive(Default)]
+struct State {
+    stream: VecDeque<u8>,
+    iterations: u64,
+    /// How the connection ended, once the service thread stopped.
+    end: Option<Result<Ending>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    counters: Arc<Counters>,
+}
+
+/// The destination end of a migration connection.
+///
+/// Thread safety: every method takes `&self` and may be called from any thread.
+/// Progress never needs the hypervisor: the library's own service thread
+/// serves the source and calls nothing back.
+pub struct Destination {
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    negotiated: Negotiated,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Keeps the unregistration worker running past `close`, so that close
+    /// does not wait for the deregistrations it queued.
+    unregistration: Option<Arc<Unregistration>>,
+}
+
+impl Destination {
+    /// Waits (up to `timeout`, or for ever) for a source to connect on
+    /// `listener` and starts serving it. `ram` lists this side's blocks; for a
+    /// QEMU source, in the source's block order.
+    pub fn accept(listener: &Listener, ram: &RamBlocks, timeout: Option<Duration>) -> Result<Destination> {
+        if ram.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
+        }
+        let counters = Arc::new(Counters::new());
+        let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout)?;
+        let pins = Pins::new(link.pd.clone(), listener.config(), counters.clone())?;
+        let unregistration = pins.worker();
+        let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters });
+        let negotiated = link.negotiated;
+        let stop = link.stop.clone();
+        let service = Service::new(link, pins, ram.clone(), shared.clone());
+        let thread = thread::Builder::new()
+            .name("rdmamig-dest".into())
+            .spawn(move || service.run())
+            .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the service thread: {e}")))?;
+        Ok(Destination { shared, stop, negotiated, thread: Mutex::new(Some(thread)), unregistration })
+    }
+
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated
+    }
+
+    /// The unregistration worker this connection uses (see `Source::unregistration`).
+    pub fn unregistration(&self) -> Option<Arc<Unregistration>> {
+        self.unregistration.clone()
+    }
+
+    /// Reads stream bytes into `buf`: blocks until at least one byte is there
+    /// and returns how many were copied. Once the connection has ended and
+    /// every byte was read, returns how it ended: [`Read::End`], or the
+    /// failure. An empty `buf` reads 0 bytes at once.
+    pub fn get(&self, buf: &mut [u8], timeout: Option<Duration>) -> Result<Read> {
+        if buf.is_empty() {
+            return Ok(Read::Bytes(0));
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.shared.state.lock();
+        loop {
+            if !state.stream.is_empty() {
+                let (front, back) = state.stream.as_slices();
+                let n = buf.len().min(front.len() + back.len());
+                let from_front = n.min(front.len());
+                buf[..from_front].copy_from_slice(&front[..from_front]);
+                buf[from_front..n].copy_from_slice(&back[..n - from_front]);
+                state.stream.drain(..n);
+                self.shared.changed.notify_all();
+                return Ok(Read::Bytes(n));
+            }
+            if let Some(end) = &state.end {
+                return end.clone().map(Read::End);
+            }
+            self.wait(&mut state, deadline, "stream bytes")?;
+        }
+    }
+
+    /// Waits until the connection has ended and returns how: completed,
+    /// closed without proof (a QEMU source), or the failure. Stream bytes not
+    /// read yet stay readable with `get`.
+    pub fn wait_end(&self, timeout: Option<Duration>) -> Result<Ending> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.shared.state.lock();
+        loop {
+            if let Some(end) = &state.end {
+                return end.clone();
+            }
+            self.wait(&mut state, deadline, "the end of the migration")?;
+        }
+    }
+
+    /// Waits until at least `n` iteration windows have completed (all RAM
+    /// written in them is in place) and returns the number completed.
+    pub fn wait_iteration(&self, n: u64, timeout: Option<Duration>) -> Result<u64> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.shared.state.lock();
+        loop {
+            if state.iterations >= n {
+                return Ok(state.iterations);
+            }
+            match &state.end {
+                Some(Err(e)) => return Err(e.clone()),
+                Some(Ok(_)) => {
+                    return Err(Error::new(
+                        ErrorKind::Disconnected,
+                        format!("the source ended the migration after {} iteration windows", state.iterations),
+                    ))
+                }
+                None => self.wait(&mut state, deadline, "an iteration to complete")?,
+            }
+        }
+    }
+
+    fn wait(&self, state: &mut parking_lot::MutexGuard<State>, deadline: Option<Instant>, what: &str) -> Result<()> {
+        match deadline {
+            None => self.shared.changed.wait(state),
+            Some(d) => {
+                if self.shared.changed.wait_until(state, d).timed_out() {
+                    return Err(Error::new(ErrorKind::Timeout, format!("timed out waiting for {what}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn iterations(&self) -> u64 {
+        self.shared.state.lock().iterations
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The failure that ended the connection, if it ended with one.
+    pub fn error(&self) -> Option<Error> {
+        self.shared.state.lock().end.clone().and_then(|end| end.err())
+    }
+
+    /// Aborts the migration without waiting: the service thread sends ERROR to
+    /// a source still migrating (see `Link::send_error` for when it can) and
+    /// tears the connection down; calls blocked in `get`, `wait_end` or
+    /// `wait_iteration` then return. May be called from any thread.
+    pub fn abort(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Aborts (if still connected) and waits until the connection is torn down.
+    pub fn close(&self) {
+        self.abort();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Destination {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

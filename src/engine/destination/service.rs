@@ -1,0 +1,170 @@
+//! The destination's service thread: it owns the connection, grants the
+//! source one READY credit at a time, hands each message to the dispatcher
+//! and sends its answer, runs pin-all, and reports how the connection ended.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::dispatch::{Dispatcher, Registrar, Reply, Step};
+use super::Shared;
+use crate::engine::link::Link;
+use crate::engine::pin::{PinAll, Pins};
+use crate::engine::ram::RamBlocks;
+use crate::engine::Ending;
+use crate::verbs::{Access, MemoryRegion};
+use crate::{Error, ErrorKind, Result};
+
+/// Stream bytes buffered at most before the service thread stops granting credits.
+const MAX_BUFFERED_STREAM: usize = 256 << 20;
+
+/// Access for what the source writes into: its RDMA writes, and zeroing here.
+fn written_by_source() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE
+}
+
+/// Chunks the source asks for, registered under this side's pin budget.
+impl Registrar for Pins {
+    type Registration = MemoryRegion;
+
+    fn check_budget(&self, len: u64) -> Result<()> {
+        if self.fits_after_release(len) {
+            Ok(())
+        } else {
+            Err(self.over_budget(len))
+        }
+    }
+
+    unsafe fn register_remote(&mut self, ptr: *mut u8, len: u64) -> Result<MemoryRegion> {
+        self.settle_for(len);
+        // SAFETY (both): as this function's contract.
+        match unsafe { self.register(ptr, len, written_by_source()) } {
+            Err(e) if e.kind == ErrorKind::PinBudget => {
+                // Nothing here can be unpinned; what the worker still holds can.
+                self.retried();
+                self.settle();
+                unsafe { self.register(ptr, len, written_by_source()) }
+            }
+            r => r,
+        }
+    }
+
+    fn rkey(mr: &MemoryRegion) -> u32 {
+        mr.rkey()
+    }
+
+    fn release_remote(&mut self, mr: MemoryRegion) {
+        self.release(mr);
+    }
+}
+
+pub(super) struct Service {
+    link: Link,
+    pins: Pins,
+    /// Pin-all registrations under way, taken when the source asks for the blocks.
+    pin_all: Option<PinAll>,
+    dispatcher: Dispatcher<Pins>,
+    shared: Arc<Shared>,
+}
+
+impl Service {
+    pub fn new(link: Link, pins: Pins, ram: RamBlocks, shared: Arc<Shared>) -> Service {
+        let (extensions, pin_all) = (link.negotiated.extensions, link.negotiated.pin_all);
+        let dispatcher = Dispatcher::new(ram, extensions, pin_all, shared.counters.clone());
+        Service { link, pins, pin_all: None, dispatcher, shared }
+    }
+
+    pub fn run(mut self) {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
+            .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the service thread panicked")));
+        let end = self.judge(result);
+        if let Err(e) = &end {
+            if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
+                self.link.send_error();
+            }
+        }
+        // Destroy the QP, CQ and id (no more remote writes), hand every
+        // registration to the worker, then report the end.
+        let Service { link, mut pins, dispatcher, shared, .. } = self;
+        drop(link);
+        dispatcher.release_all(&mut pins);
+        shared.state.lock().end = Some(end);
+        shared.changed.notify_all();
+    }
+
+    /// How the connection ended. Only the completion handshake completes a
+    /// migration; a QEMU source (no handshake) that disconnects outside a
+    /// window ends it without proof; everything else is a failure.
+    fn judge(&self, result: Result<Ending>) -> Result<Ending> {
+        let e = match result {
+            Ok(ending) => return Ok(ending),
+            Err(e) if e.kind != ErrorKind::Disconnected => return Err(e),
+            Err(e) => e,
+        };
+        let why = if self.dispatcher.in_window() {
+            "inside an iteration window: the RAM of that window is incomplete"
+        } else if self.link.negotiated.extensions {
+            "before completing the migration (no END)"
+        } else if self.link.closed_by_peer() {
+            return Ok(Ending::Unverified);
+        } else {
+            "between iteration windows"
+        };
+        Err(Error::new(ErrorKind::Disconnected, format!("the source disconnected {why} ({})", e.message)))
+    }
+
+    fn serve(&mut self) -> Result<Ending> {
+        // Pin-all starts here, on its own thread, while the source gets ready
+        // to ask for the blocks; the first READY goes out without waiting for it.
+        if self.link.negotiated.pin_all {
+            self.pin_all = Some(self.pins.pin_all(self.dispatcher.ram(), written_by_source())?);
+        }
+        loop {
+            self.wait_for_room()?;
+            let (dispatcher, pins, shared) = (&mut self.dispatcher, &mut self.pins, &self.shared);
+            let step = self.link.receive(|m| {
+                let step = dispatcher.dispatch(m, pins)?;
+                // The payload lives in the receive buffer, which the link reuses.
+                if let Step::Stream = step {
+                    shared.state.lock().stream.extend(m.payload);
+                    shared.changed.notify_all();
+                }
+                Ok(step)
+            })?;
+            match step {
+                Step::Stream | Step::Applied => {}
+                Step::WindowClosed => {
+                    self.shared.state.lock().iterations += 1;
+                    self.shared.changed.notify_all();
+                }
+                Step::Answer(reply) => self.answer(&reply)?,
+                Step::Blocks => {
+                    if let Some(job) = self.pin_all.take() {
+                        self.dispatcher.pinned_all(job.wait(&self.link.stop)?);
+                    }
+                    self.answer(&self.dispatcher.blocks_result())?;
+                }
+                Step::Last(reply, end) => {
+                    self.answer(&reply)?;
+                    return end;
+                }
+            }
+        }
+    }
+
+    fn answer(&mut self, reply: &Reply) -> Result<()> {
+        self.link.respond(reply.kind(), |w| reply.write(w))
+    }
+
+    /// Holds the next credit back while the hypervisor is behind on reading the stream.
+    fn wait_for_room(&mut self) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        while state.stream.len() >= MAX_BUFFERED_STREAM {
+            self.shared.changed.wait_for(&mut state, Duration::from_millis(100));
+            if self.link.stop.load(Ordering::Relaxed) {
+                return Err(Error::new(ErrorKind::Aborted, "closed by the hypervisor"));
+            }
+        }
+        Ok(())
+    }
+}
