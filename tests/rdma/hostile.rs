@@ -313,16 +313,17 @@ impl ControlBuffer {
     }
 }
 
-/// A message the destination sent, validated by `wire::decode_message`.
+/// A message a crafted peer received, validated by `wire::decode_message`
+/// (anything malformed fails the test: the library under test sent it).
 #[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) kind: CommandType,
-    repeat: u32,
-    bytes: Vec<u8>,
+    pub(crate) repeat: u32,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl Received {
-    fn entries<E: Entry>(&self) -> Vec<E> {
+    pub(crate) fn entries<E: Entry>(&self) -> Vec<E> {
         let m = wire::decode_message(&self.bytes).expect("validated when received");
         m.collect_entries().unwrap_or_else(|e| panic!("{:?} entries: {e}", self.kind))
     }

@@ -75,7 +75,7 @@ use rdmamig::wire::{
 };
 use rdmamig::{Config, Error, ErrorKind, Negotiated, RamBlocks, Source};
 
-use crate::hostile::{next_event, next_wc, ControlBuffer, WRID_RECV, WRID_SEND, WRID_WRITE};
+use crate::hostile::{next_event, next_wc, ControlBuffer, Received, WRID_RECV, WRID_SEND, WRID_WRITE};
 use crate::migration::{rdma_ip, GuestRam};
 
 const MIB: u64 = 1 << 20;
@@ -228,22 +228,6 @@ fn window(source: &mut Source) -> Result<(), Error> {
 
 // ---------------------------------------------------------------------------
 // The crafted destination
-
-/// A message the source sent, validated by `wire::decode_message` (the
-/// source is trusted to send well-formed messages: anything else fails the test).
-#[derive(Debug)]
-struct Received {
-    kind: CommandType,
-    repeat: u32,
-    bytes: Vec<u8>,
-}
-
-impl Received {
-    fn entries<E: Entry>(&self) -> Vec<E> {
-        let m = wire::decode_message(&self.bytes).expect("validated when received");
-        m.collect_entries().unwrap_or_else(|e| panic!("{:?} entries: {e}", self.kind))
-    }
-}
 
 /// A listening id on a free port of the RDMA address.
 struct Listening {
