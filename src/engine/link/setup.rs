@@ -244,22 +244,22 @@ impl Link {
         };
         // Masking unknown flags is the whole negotiation: echo what we kept.
         let reply = Capabilities { version: request.caps.version, flags: negotiated.flags() };
-        let mut transcript = None;
-        let challenge = match (&config.auth_key, request.nonce) {
-            (Some(key), Some(source_nonce)) if negotiated.authenticated => {
-                let t = Transcript {
+        let transcript = match (&config.auth_key, request.nonce) {
+            (Some(key), Some(source_nonce)) if negotiated.authenticated => Some((
+                key,
+                Transcript {
                     version: reply.version,
                     offered: request.caps.flags,
                     granted: reply.flags,
                     source_nonce,
                     destination_nonce: auth::nonce()?,
-                };
-                let challenge = AuthChallenge { nonce: t.destination_nonce, proof: key.prove(Role::Destination, &t) };
-                transcript = Some((key, t));
-                Some(challenge)
-            }
+                },
+            )),
             _ => None,
         };
+        let challenge = transcript
+            .as_ref()
+            .map(|(key, t)| AuthChallenge { nonce: t.destination_nonce, proof: key.prove(Role::Destination, t) });
         // An rdmamig source also learns the budget it must plan within; QEMU gets its 8 bytes.
         let data = AcceptData { caps: reply, pin_budget: pin::budget_for(config), auth: challenge }.encode();
         let data = if negotiated.extensions { &data[..] } else { &data[..Capabilities::LEN] };
