@@ -19,12 +19,13 @@
 pub mod engine;
 pub mod error;
 mod ffi;
+pub mod recording;
 pub mod verbs;
 pub mod wire;
 
 pub use engine::{
-    AuthKey, Config, Destination, Ending, Hint, Listener, Negotiated, RamBlock, RamBlocks, Read, Source, SourcePrefix,
-    Stats, Unregistration,
+    AuthKey, Config, Destination, Ending, Event, Hint, Listener, Negotiated, Observer, RamBlock, RamBlocks, Read,
+    Source, SourcePrefix, Stats, Unregistration,
 };
 pub use error::{Error, ErrorKind, Result};
 

@@ -23,5 +23,6 @@ mod migration;
 mod pin_all;
 mod pinning;
 mod qemu;
+mod replay;
 mod setup;
 mod smoke;

@@ -29,17 +29,17 @@ use crate::migration::{listen, rdma_ip, GuestRam, Rng, PAGE};
 
 const MIB: u64 = 1 << 20;
 /// Where `-device loader` puts the pattern in guest-physical memory (= in pc.ram).
-const PATTERN_ADDR: u64 = 0x10_0000;
+pub(crate) const PATTERN_ADDR: u64 = 0x10_0000;
 const PATTERN_LEN: u64 = 24 * MIB;
 /// Legacy VGA window and BIOS shadow area: not checked.
 const HOLE: (u64, u64) = (0xa_0000, 0x10_0000);
-const MIGRATION_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const MIGRATION_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A scratch directory, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(tag: &str) -> TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
         let dir = std::env::temp_dir().join(format!("rdmamig-qemu-{}-{tag}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
@@ -55,27 +55,39 @@ impl Drop for TempDir {
 
 /// The source QEMU process: killed and reaped on drop, whatever happened; its
 /// output is printed when the test is failing.
-struct Qemu {
-    child: Child,
+pub(crate) struct Qemu {
+    pub(crate) child: Child,
     log: PathBuf,
 }
 
 impl Qemu {
     fn start(dir: &Path, pattern: &Path) -> Qemu {
-        let log = dir.join("src.log");
+        let args = ["-M", "pc", "-m", "64", "-S"].map(String::from);
+        Qemu::spawn(dir, "src", &args, Some(pattern))
+    }
+
+    /// A `-nodefaults` TCG QEMU with `args`, its QMP socket at `dir/ROLE.qmp`,
+    /// its output in `dir/ROLE.log`, and `pattern` loaded at PATTERN_ADDR.
+    pub(crate) fn spawn(dir: &Path, role: &str, args: &[String], pattern: Option<&Path>) -> Qemu {
+        let log = dir.join(format!("{role}.log"));
         let out = fs::File::create(&log).unwrap();
+        let loader = pattern.map(|p| format!("loader,file={},addr={PATTERN_ADDR:#x},force-raw=on", p.display()));
         let child = Command::new("qemu-system-x86_64")
-            .args(["-M", "pc", "-m", "64", "-nodefaults", "-display", "none", "-accel", "tcg", "-S"])
+            .args(["-nodefaults", "-display", "none", "-accel", "tcg"])
+            .args(args)
             .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", dir.join("src.qmp").display()))
-            .arg("-device")
-            .arg(format!("loader,file={},addr={PATTERN_ADDR:#x},force-raw=on", pattern.display()))
+            .arg(format!("unix:{},server=on,wait=off", dir.join(format!("{role}.qmp")).display()))
+            .args(loader.iter().flat_map(|l| ["-device", l.as_str()]))
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
             .expect("cannot start qemu-system-x86_64");
         Qemu { child, log }
+    }
+
+    pub(crate) fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -84,7 +96,7 @@ impl Drop for Qemu {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if thread::panicking() {
-            eprintln!("--- source QEMU output:\n{}", fs::read_to_string(&self.log).unwrap_or_default());
+            eprintln!("--- QEMU output ({}):\n{}", self.log.display(), self.log());
         }
     }
 }
@@ -100,13 +112,13 @@ impl Drop for Closer {
 }
 
 /// A minimal QMP client: one command at a time, events skipped.
-struct Qmp {
+pub(crate) struct Qmp {
     out: UnixStream,
     input: BufReader<UnixStream>,
 }
 
 impl Qmp {
-    fn connect(path: &Path, qemu: &mut Qemu) -> Qmp {
+    pub(crate) fn connect(path: &Path, qemu: &mut Qemu) -> Qmp {
         let deadline = Instant::now() + Duration::from_secs(20);
         let stream = loop {
             match UnixStream::connect(path) {
@@ -136,7 +148,7 @@ impl Qmp {
     }
 
     /// Runs `name` and returns its "return" value; panics on an error reply.
-    fn cmd(&mut self, name: &str, args: Value) -> Value {
+    pub(crate) fn cmd(&mut self, name: &str, args: Value) -> Value {
         let mut request = serde_json::to_string(&json!({ "execute": name, "arguments": args })).unwrap();
         request.push('\n');
         self.out.write_all(request.as_bytes()).expect("writing to QMP");
@@ -152,13 +164,13 @@ impl Qmp {
         }
     }
 
-    fn hmp(&mut self, command: &str) -> String {
+    pub(crate) fn hmp(&mut self, command: &str) -> String {
         self.cmd("human-monitor-command", json!({ "command-line": command })).as_str().unwrap().to_owned()
     }
 }
 
 /// `info ramblock` → (name, offset, used length), in list order (= migration order).
-fn parse_ramblocks(text: &str) -> Vec<(String, u64, u64)> {
+pub(crate) fn parse_ramblocks(text: &str) -> Vec<(String, u64, u64)> {
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|e| panic!("{s:?}: {e}"));
     text.lines()
         .map(str::split_whitespace)
@@ -173,7 +185,7 @@ fn parse_ramblocks(text: &str) -> Vec<(String, u64, u64)> {
         .collect()
 }
 
-fn pattern() -> Vec<u8> {
+pub(crate) fn pattern() -> Vec<u8> {
     let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     (0..PATTERN_LEN / 8).flat_map(|_| rng.next().to_le_bytes()).collect()
 }
@@ -368,7 +380,7 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
 /// Whether a QEMU 7.2 stream ends as a whole one does: QEMU_VM_EOF (0x00),
 /// then QEMU_VM_VMDESCRIPTION (0x06), a big-endian u32 length and that many
 /// bytes of JSON, up to the last byte.
-fn ends_with_vm_eof(stream: &[u8]) -> bool {
+pub(crate) fn ends_with_vm_eof(stream: &[u8]) -> bool {
     (0..stream.len().saturating_sub(6)).rev().any(|p| {
         let len = u32::from_be_bytes(stream[p + 2..p + 6].try_into().unwrap()) as usize;
         stream[p..p + 2] == [0x00, 0x06] && stream.get(p + 6) == Some(&b'{') && p + 6 + len == stream.len()

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::engine::link::protocol_error;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
-use crate::engine::{is_zero, validate, Ending};
+use crate::engine::{is_zero, validate, Ending, Event};
 use crate::wire::{
     BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,
     RegisterRequest, RegisterResult,
@@ -120,7 +120,14 @@ pub struct Dispatcher<R: Registrar> {
     in_window: bool,
     /// RAM_BLOCKS_REQUEST was answered: block indexes mean what it said for good.
     blocks_exchanged: bool,
+    /// Stream bytes received so far: where windows open and close in the stream.
+    stream_offset: u64,
+    /// Told of every window, registration and zero range, as served.
+    observer: Option<Observer>,
 }
+
+/// What `Destination::accept_observed` calls with each [`Event`], on the service thread.
+pub type Observer = Box<dyn FnMut(&Event) + Send>;
 
 fn entries<E: Entry>(m: &Message) -> Result<Vec<E>> {
     m.collect_entries::<E>().map_err(protocol_error)
@@ -145,6 +152,26 @@ impl<R: Registrar> Dispatcher<R> {
             whole,
             in_window: false,
             blocks_exchanged: false,
+            stream_offset: 0,
+            observer: None,
+        }
+    }
+
+    pub fn set_observer(&mut self, observer: Observer) {
+        self.observer = Some(observer);
+    }
+
+    fn observe(&mut self, event: Event) {
+        if let Some(observer) = &mut self.observer {
+            observer(&event);
+        }
+    }
+
+    /// A registration-channel message arrived: the window is open until REGISTER_FINISHED.
+    fn open_window(&mut self) {
+        if !self.in_window {
+            self.in_window = true;
+            self.observe(Event::WindowOpened { stream_offset: self.stream_offset });
         }
     }
 
@@ -162,13 +189,17 @@ impl<R: Registrar> Dispatcher<R> {
         let step = match m.kind {
             CommandType::QemuFile => {
                 Counters::add(&self.counters.stream_bytes, m.payload.len() as u64);
+                self.stream_offset += m.payload.len() as u64;
                 return Ok(Step::Stream);
             }
             // decode_message let END through with exactly one summary.
             CommandType::End if self.extensions => return self.end(entries(m)?[0]),
             CommandType::RegisterFinished => {
+                // A window with nothing in it (QEMU closes empty ones) opens here.
+                self.open_window();
                 self.in_window = false;
                 Counters::add(&self.counters.iterations, 1);
+                self.observe(Event::WindowClosed { stream_offset: self.stream_offset });
                 return Ok(Step::WindowClosed);
             }
             // A second one would change what every block index means under registrations handed out.
@@ -178,22 +209,22 @@ impl<R: Registrar> Dispatcher<R> {
             CommandType::RamBlocksRequest => {
                 let specs = entries(m)?;
                 self.blocks_exchanged = true;
-                self.in_window = true;
+                self.open_window();
                 self.blocks(&specs)
             }
             CommandType::RegisterRequest => {
                 let requests = entries(m)?;
-                self.in_window = true;
+                self.open_window();
                 Step::Answer(self.register(&requests, registrar)?)
             }
             CommandType::UnregisterRequest => {
                 let requests = entries(m)?;
-                self.in_window = true;
+                self.open_window();
                 Step::Answer(self.unregister(&requests, registrar)?)
             }
             CommandType::Compress => {
                 let ranges = entries(m)?;
-                self.in_window = true;
+                self.open_window();
                 self.zero(&ranges)?;
                 Step::Applied
             }
@@ -235,8 +266,11 @@ impl<R: Registrar> Dispatcher<R> {
     /// Takes pin-all's registrations, one per local block.
     pub fn pinned_all(&mut self, registrations: Vec<R::Registration>) {
         for (i, reg) in registrations.into_iter().enumerate() {
-            Counters::add(&self.counters.chunks_registered, self.ram.blocks()[i].chunk_count() as u64);
+            let block = &self.ram.blocks()[i];
+            Counters::add(&self.counters.chunks_registered, block.chunk_count() as u64);
+            let len = block.length;
             self.whole[i] = Some(reg);
+            self.observe(Event::Registered { block: i, offset: 0, len });
         }
     }
 
@@ -264,6 +298,8 @@ impl<R: Registrar> Dispatcher<R> {
             let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
             let (first, last) = validate::register_span(block, r)?;
             let host_addr = block.host as u64;
+            let (offset, _) = block.chunk_range(first);
+            let len = block.chunk_range(last).1 - offset;
             let rkey = match &self.whole[local] {
                 Some(reg) => R::rkey(reg),
                 // The whole block gets registered at the blocks exchange: a chunk registered now would be pinned twice.
@@ -276,6 +312,7 @@ impl<R: Registrar> Dispatcher<R> {
                 None => self.register_chunks(local, first, last, registrar)?,
             };
             results.push(RegisterResult { rkey, host_addr });
+            self.observe(Event::Registered { block: local, offset, len });
         }
         Counters::add(&self.counters.registration_round_trips, 1);
         Ok(Reply::RegisterResult(results))
@@ -352,9 +389,12 @@ impl<R: Registrar> Dispatcher<R> {
             };
             registrar.release_remote(reg);
             Counters::add(&self.counters.unpins, 1);
-            for reg in regs[owner + 1..].iter_mut().take_while(|r| matches!(r, ChunkReg::Covered(o) if *o == owner)) {
-                *reg = ChunkReg::Free;
-            }
+            let covered =
+                regs[owner + 1..].iter_mut().take_while(|r| matches!(r, ChunkReg::Covered(o) if *o == owner)).count();
+            regs[owner + 1..=owner + covered].iter_mut().for_each(|reg| *reg = ChunkReg::Free);
+            let (offset, _) = block.chunk_range(owner);
+            let len = block.chunk_range(owner + covered).1 - offset;
+            self.observe(Event::Unregistered { block: local, offset, len });
         }
         Ok(Reply::UnregisterFinished(requests.len() as u32))
     }
@@ -365,11 +405,12 @@ impl<R: Registrar> Dispatcher<R> {
         let targets = ranges
             .iter()
             .map(|z| {
-                let (_, block) = validate::local_block(&self.order, &self.ram, z.block_index)?;
-                Ok(block.host_ptr(validate::block_offset(block, z.offset, z.length)?))
+                let (local, block) = validate::local_block(&self.order, &self.ram, z.block_index)?;
+                let offset = validate::block_offset(block, z.offset, z.length)?;
+                Ok((local, offset, block.host_ptr(offset)))
             })
-            .collect::<Result<Vec<*mut u8>>>()?;
-        for (z, ptr) in ranges.iter().zip(targets) {
+            .collect::<Result<Vec<(usize, u64, *mut u8)>>>()?;
+        for (z, (local, offset, ptr)) in ranges.iter().zip(targets) {
             // SAFETY: the range was checked to lie inside a block the hypervisor keeps mapped.
             // Already-zero memory is left untouched so untouched pages stay unallocated.
             unsafe {
@@ -378,6 +419,7 @@ impl<R: Registrar> Dispatcher<R> {
                 }
             }
             Counters::add(&self.counters.zero_chunks, 1);
+            self.observe(Event::Zeroed { block: local, offset, len: z.length });
         }
         Ok(())
     }

@@ -6,6 +6,8 @@
 //! for `get`.
 
 pub(crate) mod dispatch;
+
+pub use dispatch::Observer;
 mod service;
 
 use std::collections::VecDeque;
@@ -67,6 +69,29 @@ impl Destination {
     /// `listener` and starts serving it. `ram` lists this side's blocks; for a
     /// QEMU source, in the source's block order.
     pub fn accept(listener: &Listener, ram: &RamBlocks, timeout: Option<Duration>) -> Result<Destination> {
+        Self::accept_with(listener, ram, timeout, None)
+    }
+
+    /// As [`accept`](Self::accept), and tells `observer` every [`Event`] of
+    /// the connection as it is served, on the service thread: the source's
+    /// next message waits while it runs, so it should be quick.
+    ///
+    /// [`Event`]: crate::engine::Event
+    pub fn accept_observed(
+        listener: &Listener,
+        ram: &RamBlocks,
+        timeout: Option<Duration>,
+        observer: Observer,
+    ) -> Result<Destination> {
+        Self::accept_with(listener, ram, timeout, Some(observer))
+    }
+
+    fn accept_with(
+        listener: &Listener,
+        ram: &RamBlocks,
+        timeout: Option<Duration>,
+        observer: Option<Observer>,
+    ) -> Result<Destination> {
         if ram.is_empty() {
             return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
         }
@@ -77,7 +102,7 @@ impl Destination {
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
-        let service = Service::new(link, pins, ram.clone(), shared.clone());
+        let service = Service::new(link, pins, ram.clone(), shared.clone(), observer);
         let thread = thread::Builder::new()
             .name("rdmamig-dest".into())
             .spawn(move || service.run())

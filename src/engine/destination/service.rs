@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::dispatch::{Dispatcher, Registrar, Reply, Step};
+use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
 use super::Shared;
 use crate::engine::link::Link;
 use crate::engine::pin::{PinAll, Pins};
@@ -68,9 +68,12 @@ pub(super) struct Service {
 }
 
 impl Service {
-    pub fn new(link: Link, pins: Pins, ram: RamBlocks, shared: Arc<Shared>) -> Service {
+    pub fn new(link: Link, pins: Pins, ram: RamBlocks, shared: Arc<Shared>, observer: Option<Observer>) -> Service {
         let (extensions, pin_all) = (link.negotiated.extensions, link.negotiated.pin_all);
-        let dispatcher = Dispatcher::new(ram, extensions, pin_all, shared.counters.clone());
+        let mut dispatcher = Dispatcher::new(ram, extensions, pin_all, shared.counters.clone());
+        if let Some(observer) = observer {
+            dispatcher.set_observer(observer);
+        }
         Service { link, pins, pin_all: None, dispatcher, shared }
     }
 
