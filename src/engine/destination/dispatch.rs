@@ -578,4 +578,44 @@ mod tests {
             assert!(f.keys.live.is_empty(), "registered: {:?}", f.keys.live);
         }
     }
+
+    #[test]
+    fn the_observer_sees_windows_at_their_stream_offsets() {
+        let mut f = Fixture::new(false, false);
+        let events = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let seen = events.clone();
+        f.dispatcher.set_observer(Box::new(move |e| seen.lock().push(*e)));
+        let mut stream = |f: &mut Fixture, n: usize| {
+            let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
+            let mut w = MessageWriter::new(&mut buf, CommandType::QemuFile);
+            w.push_bytes(&vec![1u8; n]).unwrap();
+            let n = w.finish();
+            assert!(matches!(
+                f.dispatcher.dispatch(&decode_message(&buf[..n]).unwrap(), &mut f.keys),
+                Ok(Step::Stream)
+            ));
+        };
+        stream(&mut f, 10);
+        f.register(1, 1);
+        let zero = Compress { value: 0, block_index: 0, offset: 16 * MIB + 4096, length: 4096 };
+        f.send(CommandType::Compress, &[zero]).unwrap();
+        f.send::<Compress>(CommandType::RegisterFinished, &[]).unwrap();
+        stream(&mut f, 5);
+        f.send::<Compress>(CommandType::RegisterFinished, &[]).unwrap();
+        f.unregister(&[2]).unwrap();
+        assert_eq!(
+            *events.lock(),
+            [
+                Event::WindowOpened { stream_offset: 10 },
+                Event::Registered { block: 0, offset: MIB, len: 2 * MIB },
+                Event::Zeroed { block: 0, offset: 4096, len: 4096 },
+                Event::WindowClosed { stream_offset: 10 },
+                // An empty window: REGISTER_FINISHED alone.
+                Event::WindowOpened { stream_offset: 15 },
+                Event::WindowClosed { stream_offset: 15 },
+                Event::WindowOpened { stream_offset: 15 },
+                Event::Unregistered { block: 0, offset: MIB, len: 2 * MIB },
+            ]
+        );
+    }
 }
