@@ -85,6 +85,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_unregister_worker(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_auth_key(NULL, NULL, 0), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_allow_source(NULL, "192.0.2.1"), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_tos(NULL, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -110,6 +111,8 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_allow_source(c, "2001:db8::/32"), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_allow_source(c, "192.0.2.0/33"), RDMAMIG_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(rdmamig_config_allow_source(c, NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK); /* DSCP 26, ECN 10 */
+    CHECK_STATUS(rdmamig_config_set_tos(c, 0), RDMAMIG_OK);    /* the kernel's default */
     rdmamig_config_free(c);
     /* No connection, no worker: nothing to wait for. */
     CHECK_STATUS(rdmamig_unregister_flush(), RDMAMIG_OK);

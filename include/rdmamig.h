@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 4
+#define RDMAMIG_VERSION_MINOR 5
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -474,7 +474,7 @@ size_t rdmamig_last_error_message(char *buf, size_t len);
 /**
  * A new config with the defaults: pin_all off, extensions on, protocol
  * version 1, timeout 30000 ms, liveness 10000 ms, pin budget from
- * RLIMIT_MEMLOCK, unregistration worker on.
+ * RLIMIT_MEMLOCK, unregistration worker on, ToS 0 (the kernel's default).
  *
  * Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
  */
@@ -582,6 +582,18 @@ rdmamig_status rdmamig_config_set_auth_key(rdmamig_config *config, const uint8_t
  * network): use it with `rdmamig_config_set_auth_key`.
  */
 rdmamig_status rdmamig_config_allow_source(rdmamig_config *config, const char *prefix);
+
+/**
+ * The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
+ * (ECN 01 or 10 makes them ECN-capable). The source's value marks both
+ * directions, data and ACKs: the destination's side of a connection takes
+ * the traffic class of the connection request, so a destination's own value
+ * changes nothing on RoCE (rdma_cm passes it on to iWARP listens). Which DSCP
+ * a fabric maps to its lossless priority is site policy. 0 (the default)
+ * leaves it to the kernel: the port's `default_roce_tos` in rdma_cm's
+ * configfs, 0 unless changed, as for QEMU.
+ */
+rdmamig_status rdmamig_config_set_tos(rdmamig_config *config, uint8_t tos);
 
 /**
  * Connects, as the source, to a destination listening on `host:port` (a

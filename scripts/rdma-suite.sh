@@ -16,11 +16,12 @@
 #                              forks); suppressions: c-tests/valgrind.supp
 #
 # then, after that guest, one rxe-vm.sh --pair boot (two guests on a virtual
-# wire) per two-guest test: the #[ignore]d `liveness::pair_*` tests of the same
-# binary (tests/rdma/liveness.rs: a guest takes its link down), run in both
-# guests, each step PASS when both guests pass:
+# wire) per two-guest test: the #[ignore]d `MODULE::pair_*` tests of the same
+# binary (tests/rdma/liveness.rs: a guest takes its link down; tos.rs: the
+# ToS byte of captured packets), run in both guests, each step PASS when both
+# guests pass:
 #
-#   5. rust:liveness-pair:NAME     NAME without "liveness::pair_"; one boot each
+#   5. rust:MODULE-pair:NAME       NAME without "MODULE::pair_"; one boot each
 #                                  because a connection that failed on a downed
 #                                  link keeps the next one between the same two
 #                                  guests from connecting (rxe, ~20 s per boot)
@@ -54,6 +55,9 @@ add_step() {   # add_step NAME COMMAND...: a step for the guest
     printf '%q ' step "$@" >> "$RDMA_SUITE_DIR/steps"
     echo >> "$RDMA_SUITE_DIR/steps"
 }
+pair_step() {  # pair_step MODULE::pair_NAME: its step name, rust:MODULE-pair:NAME
+    echo "rust:${1%%::*}-pair:${1#*::pair_}"
+}
 host_fail() {  # host_fail NAME WHY
     STEPS+=("$1")
     RESULT[$1]="FAIL ($2)"
@@ -76,8 +80,8 @@ if cargo test --release --features rdma-tests --test rdma --no-run --message-for
         add_step rust:rdma "$bin" --test-threads=1 "$@"
         # The two-guest tests ARGS select (libtest lists what a filter matches).
         pair_tests=$("$bin" --list --ignored --format terse "$@" 2>/dev/null |
-                     sed -n 's/^\(liveness::pair_[A-Za-z0-9_]*\): test$/\1/p')
-        for t in $pair_tests; do STEPS+=("rust:liveness-pair:${t#liveness::pair_}"); done
+                     sed -n 's/^\([a-z0-9_]*::pair_[A-Za-z0-9_]*\): test$/\1/p')
+        for t in $pair_tests; do STEPS+=("$(pair_step "$t")"); done
     else
         host_fail rust:rdma "cargo built no test executable for target rdma"
     fi
@@ -160,7 +164,7 @@ vm_rc=$?
 # status (0 when both guests passed), not from files.
 pair_rc=0
 for t in ${pair_tests:-}; do
-    name=rust:liveness-pair:${t#liveness::pair_}
+    name=$(pair_step "$t")
     cmd=$(printf '%q ' timeout -k 10 "$RDMA_SUITE_STEP_TIMEOUT" "$bin" --ignored --exact --nocapture "$t")
     echo "rdma-suite: --- $name: rxe-vm.sh --pair '$cmd' (both guests)"
     "$VM" --pair "$cmd" "$cmd"

@@ -50,6 +50,16 @@ pub struct Config {
     /// Destination: the source addresses a listener admits (empty: any). A
     /// request from elsewhere is rejected before anything is set up for it.
     pub allowed_sources: Vec<SourcePrefix>,
+    /// The IP ToS byte of the connection's RoCEv2 packets (`DSCP << 2 |
+    /// ECN`), set with `RDMA_OPTION_ID_TOS` on the connecting id and on the
+    /// listener. The source's value marks both directions: the passive side
+    /// takes the traffic class of the connection request, so a listener's
+    /// value changes nothing on RoCE (rdma_cm passes it on to iWARP listens).
+    /// 0: not set, so the kernel's default applies (the port's
+    /// `default_roce_tos` in rdma_cm's configfs, itself 0 unless changed).
+    /// Which DSCP reaches a lossless class is site policy: the library does
+    /// not guess.
+    pub tos: u8,
 }
 
 impl Default for Config {
@@ -64,6 +74,7 @@ impl Default for Config {
             unregister_worker: true,
             auth_key: None,
             allowed_sources: Vec::new(),
+            tos: 0,
         }
     }
 }

@@ -28,7 +28,7 @@ impl Castable for rdmamig_config {
 
 /// A new config with the defaults: pin_all off, extensions on, protocol
 /// version 1, timeout 30000 ms, liveness 10000 ms, pin budget from
-/// RLIMIT_MEMLOCK, unregistration worker on.
+/// RLIMIT_MEMLOCK, unregistration worker on, ToS 0 (the kernel's default).
 ///
 /// Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
 #[no_mangle]
@@ -206,6 +206,23 @@ pub extern "C" fn rdmamig_config_allow_source(config: *mut rdmamig_config, prefi
     }
 }
 
+/// The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
+/// (ECN 01 or 10 makes them ECN-capable). The source's value marks both
+/// directions, data and ACKs: the destination's side of a connection takes
+/// the traffic class of the connection request, so a destination's own value
+/// changes nothing on RoCE (rdma_cm passes it on to iWARP listens). Which DSCP
+/// a fabric maps to its lossless priority is site policy. 0 (the default)
+/// leaves it to the kernel: the port's `default_roce_tos` in rdma_cm's
+/// configfs, 0 unless changed, as for QEMU.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_tos(config: *mut rdmamig_config, tos: u8) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.tos = tos;
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +242,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_liveness_ms(c, 2500), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_pin_budget(c, 64 << 20), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -238,6 +256,7 @@ mod tests {
                 unregister_worker: false,
                 auth_key: None,
                 allowed_sources: Vec::new(),
+                tos: 0x6a,
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
@@ -278,6 +297,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_unregister_worker(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_auth_key(n, std::ptr::null(), 0), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_allow_source(n, c"::1".as_ptr()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_tos(n, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);
     }
 }

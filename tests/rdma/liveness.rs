@@ -39,13 +39,13 @@ fn config() -> Config {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Role {
+pub enum Role {
     Destination,
     Source,
 }
 
 /// This guest's role, or None outside a `--pair` guest.
-fn role(test: &str) -> Option<Role> {
+pub fn role(test: &str) -> Option<Role> {
     match std::env::var("RXE_VM_GUEST").as_deref() {
         Ok("1") => Some(Role::Destination),
         Ok("2") => Some(Role::Source),
@@ -57,13 +57,13 @@ fn role(test: &str) -> Option<Role> {
     }
 }
 
-fn peer_ip() -> String {
+pub fn peer_ip() -> String {
     std::env::var("RXE_VM_PEER_IP").expect("RXE_VM_PEER_IP (set in --pair guests)")
 }
 
 /// Pings the peer until it answers (after a link went down and up, this
 /// refreshes the neighbour entries before the next connection).
-fn ping_peer() {
+pub fn ping_peer() {
     for _ in 0..20 {
         let ok = Command::new("busybox").args(["ping", "-c", "1", "-W", "1", &peer_ip()]).output();
         if ok.is_ok_and(|o| o.status.success()) {
@@ -74,7 +74,7 @@ fn ping_peer() {
 }
 
 /// Returns once the other guest has reached the barrier `name` too.
-fn barrier(name: &str) {
+pub fn barrier(name: &str) {
     let status =
         Command::new("rxe-vm-barrier").args([name, "120"]).status().expect("rxe-vm-barrier (on PATH in --pair guests)");
     assert!(status.success(), "barrier {name}: the other guest did not arrive");
@@ -93,7 +93,7 @@ fn assert_released(before: (usize, usize), who: &str) {
 }
 
 /// rxe0's network interface.
-fn netdev() -> String {
+pub fn netdev() -> String {
     if let Ok(i) = std::env::var("RXE_VM_IF") {
         if !i.is_empty() {
             return i;

@@ -26,3 +26,4 @@ mod qemu;
 mod replay;
 mod setup;
 mod smoke;
+mod tos;

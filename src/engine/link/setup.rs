@@ -84,6 +84,7 @@ impl Link {
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
         set_ack_timeout(&id, config)?;
+        set_tos(&id, config)?;
         let mut last = None;
         for addr in &addrs {
             match id.resolve_addr(addr, resolve_timeout_ms(deadline)) {
@@ -316,6 +317,17 @@ fn set_ack_timeout(id: &CmId, config: &Config) -> Result<()> {
     }
 }
 
+/// Marks the connection's packets with `Config::tos`: read by the kernel at
+/// route resolution (connecting side; the passive side follows the traffic
+/// class of the request) and passed on to iWARP listens. 0 leaves the id
+/// unset, since setting 0 would override the port's configured default.
+fn set_tos(id: &CmId, config: &Config) -> Result<()> {
+    if config.tos != 0 {
+        id.set_tos(config.tos)?;
+    }
+    Ok(())
+}
+
 /// The QP's ACK timeout, as the exponent e of 4.096 µs × 2^e: the QP gives up
 /// on an unacknowledged packet after `RETRY_COUNT + 1` timeouts, which should
 /// take at most half the liveness time; but one timeout never drops below
@@ -365,6 +377,7 @@ impl Listener {
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
         id.set_reuseaddr()?;
+        set_tos(&id, config)?;
         let mut last = None;
         for addr in addrs {
             match id.bind_addr(&addr) {
