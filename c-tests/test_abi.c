@@ -86,6 +86,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_auth_key(NULL, NULL, 0), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_allow_source(NULL, "192.0.2.1"), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_tos(NULL, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_return_path(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -113,6 +114,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_allow_source(c, NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK); /* DSCP 26, ECN 10 */
     CHECK_STATUS(rdmamig_config_set_tos(c, 0), RDMAMIG_OK);    /* the kernel's default */
+    CHECK_STATUS(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
     rdmamig_config_free(c);
     /* No connection, no worker: nothing to wait for. */
     CHECK_STATUS(rdmamig_unregister_flush(), RDMAMIG_OK);
@@ -191,6 +193,7 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_save(NULL, 0, 0, 4096), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_iteration_end(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_put(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_put_return(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_flush(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_get(NULL, mem, 1, 1, &n), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_wait_iteration(NULL, 1, 1, &u), RDMAMIG_ERR_NULL_PARAMETER);

@@ -235,8 +235,9 @@ typedef struct rdmamig_config rdmamig_config;
  *
  * Thread safety: the functions that take a `const rdmamig_conn *`
  * (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
- * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
- * `rdmamig_conn_hint`, `rdmamig_conn_error_message`) may run at the same
+ * `rdmamig_conn_put_return`, `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
+ * `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
+ * `rdmamig_conn_error_message`) may run at the same
  * time, from any threads. Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
  * may run on the same connection at the same time. The library's own thread
@@ -554,6 +555,20 @@ rdmamig_status rdmamig_config_set_pin_budget(rdmamig_config *config, uint64_t by
 rdmamig_status rdmamig_config_set_unregister_worker(rdmamig_config *config, bool worker);
 
 /**
+ * Destination serving a QEMU source: also accept the source's return-path
+ * connection (QEMU's second connection request to the same address, which
+ * `rdmamig_listener_accept` then waits for, at most the config's timeout)
+ * and keep it for `rdmamig_conn_put_return`. QEMU 7.2 opens it only with its
+ * `postcopy-ram` (or `dirty-bitmaps`) capability on (with `return-path`
+ * alone it opens none and fails right after setup, whatever the
+ * destination). A QEMU source that opens one needs this: otherwise it gives
+ * up after 5 s. Ignored with an rdmamig source (which opens none);
+ * `rdmamig_connect` refuses a config with it (`RDMAMIG_ERR_INVALID_ARGUMENT`).
+ * Default off.
+ */
+rdmamig_status rdmamig_config_set_return_path(rdmamig_config *config, bool return_path);
+
+/**
  * Pre-shared key for peer authentication (rdmamig extension; needs the
  * extensions on): `len` bytes at `key`, 16 to 1024, best drawn from a random
  * source (nothing stretches a password). The source proves the key to the
@@ -785,6 +800,28 @@ rdmamig_status rdmamig_conn_get(const rdmamig_conn *conn,
                                 size_t len,
                                 uint32_t timeout_ms,
                                 size_t *read_out);
+
+/**
+ * Destination: sends `len` bytes at `data` to a QEMU source over its return
+ * path (see `rdmamig_config_set_return_path`), in QEMU_FILE messages of at
+ * most 32 KiB, each after QEMU's READY. The bytes are QEMU's return-path
+ * messages (MIG_RP_MSG_*: big-endian u16 type, u16 length, payload), which
+ * the hypervisor builds from what it reads in the stream: PONG (2) answers
+ * a PING, SHUT (1) with value 0 once the stream has ended (QEMU_VM_EOF);
+ * QEMU completes only after SHUT and waits for it as long as the connection
+ * lasts. Returns once every byte is sent, waiting at most the config's
+ * timeout for each READY. `data` may be NULL when `len` is 0.
+ *
+ * Returns `RDMAMIG_ERR_STATE` when the connection has no return path. Any
+ * other failure aborts the migration and closes both connections; later
+ * calls return it again. `rdmamig_conn_abort` and `rdmamig_conn_close`
+ * close the return path too.
+ *
+ * Thread safety: takes a `const` handle (calls on one connection run one
+ * at a time), so another thread may call `rdmamig_conn_get` or
+ * `rdmamig_conn_abort` meanwhile.
+ */
+rdmamig_status rdmamig_conn_put_return(const rdmamig_conn *conn, const void *data, size_t len);
 
 /**
  * Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)

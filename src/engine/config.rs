@@ -60,6 +60,15 @@ pub struct Config {
     /// Which DSCP reaches a lossless class is site policy: the library does
     /// not guess.
     pub tos: u8,
+    /// Destination serving a QEMU source: right after accepting it, also
+    /// accept its return-path connection (the second connection request
+    /// QEMU makes to the same address, within `timeout`) and keep it for
+    /// [`Destination::put_return`](crate::Destination::put_return). QEMU
+    /// 7.2 opens it only with its `postcopy-ram` or `dirty-bitmaps`
+    /// capability on (from 8.0 also with `return-path` alone); one that
+    /// opens it gives up after 5 s without this. Not used with an rdmamig
+    /// source, which opens none; a source refuses this setting.
+    pub return_path: bool,
 }
 
 impl Default for Config {
@@ -75,6 +84,7 @@ impl Default for Config {
             auth_key: None,
             allowed_sources: Vec::new(),
             tos: 0,
+            return_path: false,
         }
     }
 }

@@ -154,6 +154,25 @@ pub extern "C" fn rdmamig_config_set_unregister_worker(config: *mut rdmamig_conf
     }
 }
 
+/// Destination serving a QEMU source: also accept the source's return-path
+/// connection (QEMU's second connection request to the same address, which
+/// `rdmamig_listener_accept` then waits for, at most the config's timeout)
+/// and keep it for `rdmamig_conn_put_return`. QEMU 7.2 opens it only with its
+/// `postcopy-ram` (or `dirty-bitmaps`) capability on (with `return-path`
+/// alone it opens none and fails right after setup, whatever the
+/// destination). A QEMU source that opens one needs this: otherwise it gives
+/// up after 5 s. Ignored with an rdmamig source (which opens none);
+/// `rdmamig_connect` refuses a config with it (`RDMAMIG_ERR_INVALID_ARGUMENT`).
+/// Default off.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_return_path(config: *mut rdmamig_config, return_path: bool) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.return_path = return_path;
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
 /// Pre-shared key for peer authentication (rdmamig extension; needs the
 /// extensions on): `len` bytes at `key`, 16 to 1024, best drawn from a random
 /// source (nothing stretches a password). The source proves the key to the
@@ -243,6 +262,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_pin_budget(c, 64 << 20), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -257,6 +277,7 @@ mod tests {
                 auth_key: None,
                 allowed_sources: Vec::new(),
                 tos: 0x6a,
+                return_path: true,
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);

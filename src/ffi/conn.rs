@@ -30,8 +30,9 @@ use std::sync::Arc;
 ///
 /// Thread safety: the functions that take a `const rdmamig_conn *`
 /// (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
-/// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`, `rdmamig_conn_get_stats`,
-/// `rdmamig_conn_hint`, `rdmamig_conn_error_message`) may run at the same
+/// `rdmamig_conn_put_return`, `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
+/// `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
+/// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
 /// may run on the same connection at the same time. The library's own thread
@@ -526,6 +527,40 @@ pub extern "C" fn rdmamig_conn_get(
                     ending.into()
                 }
             })
+        })
+    }
+}
+
+/// Destination: sends `len` bytes at `data` to a QEMU source over its return
+/// path (see `rdmamig_config_set_return_path`), in QEMU_FILE messages of at
+/// most 32 KiB, each after QEMU's READY. The bytes are QEMU's return-path
+/// messages (MIG_RP_MSG_*: big-endian u16 type, u16 length, payload), which
+/// the hypervisor builds from what it reads in the stream: PONG (2) answers
+/// a PING, SHUT (1) with value 0 once the stream has ended (QEMU_VM_EOF);
+/// QEMU completes only after SHUT and waits for it as long as the connection
+/// lasts. Returns once every byte is sent, waiting at most the config's
+/// timeout for each READY. `data` may be NULL when `len` is 0.
+///
+/// Returns `RDMAMIG_ERR_STATE` when the connection has no return path. Any
+/// other failure aborts the migration and closes both connections; later
+/// calls return it again. `rdmamig_conn_abort` and `rdmamig_conn_close`
+/// close the return path too.
+///
+/// Thread safety: takes a `const` handle (calls on one connection run one
+/// at a time), so another thread may call `rdmamig_conn_get` or
+/// `rdmamig_conn_abort` meanwhile.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_put_return(
+    conn: *const rdmamig_conn,
+    data: *const c_void,
+    len: usize,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_put_return";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
+            let data = bytes(data.cast::<u8>(), len, F, "data")?;
+            Ok(c.destination(F)?.put_return(data)?)
         })
     }
 }

@@ -10,6 +10,12 @@
 //! the migration. The device-state stream is drained with `get` until the
 //! source disconnects.
 //!
+//! With QEMU's return path the test plays the hypervisor on it too: it finds
+//! QEMU's PING in the stream and answers PONG, and sends SHUT once the stream
+//! has ended (`put_return`); QEMU's -trace lines show what QEMU took. QEMU
+//! 7.2 refuses IPv6 over RoCE, which the IPv6 test checks. Every test prints
+//! QEMU's total time and downtime (query-migrate).
+//!
 //! Needs `qemu-system-x86_64` on PATH (the test guest has the host's).
 
 use std::fs;
@@ -23,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use rdmamig::{Config, Destination, Ending, ErrorKind, RamBlocks, Read};
+use rdmamig::{Config, Destination, Ending, ErrorKind, Listener, RamBlocks, Read};
 
-use crate::migration::{listen, rdma_ip, GuestRam, Rng, PAGE};
+use crate::migration::{rdma_ip, GuestRam, Rng, PAGE};
 
 const MIB: u64 = 1 << 20;
 /// Where `-device loader` puts the pattern in guest-physical memory (= in pc.ram).
@@ -78,6 +84,8 @@ impl Qemu {
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", dir.join(format!("{role}.qmp")).display()))
             .args(loader.iter().flat_map(|l| ["-device", l.as_str()]))
+            // What its return-path thread took, and how the return path ended.
+            .args(["-trace", "source_return_path_thread_*", "-trace", "migration_return_path_end_after"])
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -149,6 +157,11 @@ impl Qmp {
 
     /// Runs `name` and returns its "return" value; panics on an error reply.
     pub(crate) fn cmd(&mut self, name: &str, args: Value) -> Value {
+        self.try_cmd(name, args).unwrap_or_else(|reply| panic!("QMP {name} failed: {reply}"))
+    }
+
+    /// Runs `name`: its "return" value, or the whole error reply.
+    fn try_cmd(&mut self, name: &str, args: Value) -> Result<Value, Value> {
         let mut request = serde_json::to_string(&json!({ "execute": name, "arguments": args })).unwrap();
         request.push('\n');
         self.out.write_all(request.as_bytes()).expect("writing to QMP");
@@ -157,10 +170,7 @@ impl Qmp {
             if reply.get("event").is_some() {
                 continue;
             }
-            match reply.get("return") {
-                Some(r) => return r.clone(),
-                None => panic!("QMP {name} failed: {reply}"),
-            }
+            return reply.get("return").cloned().ok_or(reply);
         }
     }
 
@@ -198,6 +208,33 @@ fn bios_image(len: u64) -> Option<Vec<u8>> {
         .find(|b| b.len() as u64 == len)
 }
 
+/// How QEMU migrates and how the destination serves it.
+struct Setup {
+    tag: &'static str,
+    /// The destination's config; its `pin_all` turns QEMU's rdma-pin-all on too.
+    config: Config,
+    /// QEMU migration capabilities turned on besides rdma-pin-all.
+    capabilities: &'static [&'static str],
+    /// The address the destination listens on and QEMU migrates to.
+    addr: String,
+}
+
+impl Setup {
+    fn new(tag: &'static str, config: Config) -> Setup {
+        Setup { tag, config, capabilities: &[], addr: rdma_ip() }
+    }
+}
+
+/// Why a migration did not get as far as a connected destination.
+struct NotStarted {
+    /// Why the destination's accept failed (`None`: cancelled, QEMU failed first).
+    accept: Option<rdmamig::Error>,
+    /// QEMU's error reply to `migrate`, or its query-migrate once it had
+    /// failed (or when the accept failed).
+    info: Value,
+    log: String,
+}
+
 /// A real QEMU source migrating (paused, the pattern loaded) into an rdmamig
 /// destination. Fields drop in order: the destination stops before QEMU goes
 /// and before the RAM it writes is unmapped.
@@ -210,6 +247,7 @@ struct Migration {
     /// QEMU's RAM blocks: (name, offset, used length), in migration order.
     blocks: Vec<(String, u64, u64)>,
     pattern: Vec<u8>,
+    tag: &'static str,
     start: Instant,
     connected: Duration,
     _dir: TempDir,
@@ -217,7 +255,15 @@ struct Migration {
 
 impl Migration {
     /// Starts QEMU, accepts its connection after `migrate` and returns at once.
-    fn start(tag: &str, pin_all: bool, liveness: Option<Duration>) -> Migration {
+    fn start(setup: &Setup) -> Migration {
+        Migration::try_start(setup).unwrap_or_else(|n| {
+            panic!("[{}] no connection: {:?}\nQEMU: {}\n--- QEMU output:\n{}", setup.tag, n.accept, n.info, n.log)
+        })
+    }
+
+    /// As `start`, or why the destination got no connection.
+    fn try_start(setup: &Setup) -> Result<Migration, NotStarted> {
+        let tag = setup.tag;
         let dir = TempDir::new(tag);
         let pattern = pattern();
         let pattern_file = dir.0.join("pattern.bin");
@@ -233,11 +279,15 @@ impl Migration {
             .map(|c| c["capability"].as_str().unwrap().to_owned())
             .collect();
         assert!(caps.iter().any(|c| c == "rdma-pin-all"), "QEMU has no rdma-pin-all capability: {caps:?}");
-        if pin_all {
-            qmp.cmd(
-                "migrate-set-capabilities",
-                json!({ "capabilities": [{ "capability": "rdma-pin-all", "state": true }] }),
-            );
+        let pin_all = setup.config.pin_all;
+        let on: Vec<Value> = pin_all
+            .then_some("rdma-pin-all")
+            .iter()
+            .chain(setup.capabilities)
+            .map(|c| json!({ "capability": c, "state": true }))
+            .collect();
+        if !on.is_empty() {
+            qmp.cmd("migrate-set-capabilities", json!({ "capabilities": on }));
         }
         // The default 32 MiB/s limit would only make the test slower.
         qmp.cmd("migrate-set-parameters", json!({ "max-bandwidth": 1u64 << 34 }));
@@ -253,71 +303,196 @@ impl Migration {
             unsafe { registry.add(name, mem.ptr(), *offset, *len).unwrap() };
         }
 
-        let config = Config { pin_all, liveness, ..Config::default() };
-        let (listener, port) = listen(&config);
-        let accept = thread::spawn(move || Destination::accept(&listener, &registry, Some(Duration::from_secs(60))));
-        let uri = format!("rdma:{}:{port}", rdma_ip());
+        let addr = &setup.addr;
+        let listener =
+            Arc::new(Listener::bind(addr, 0, &setup.config).unwrap_or_else(|e| panic!("listen on {addr}: {e}")));
+        let port = listener.port();
+        let accept = {
+            let listener = listener.clone();
+            thread::spawn(move || Destination::accept(&listener, &registry, Some(Duration::from_secs(60))))
+        };
+        let uri = if addr.contains(':') { format!("rdma:[{addr}]:{port}") } else { format!("rdma:{addr}:{port}") };
         let start = Instant::now();
-        qmp.cmd("migrate", json!({ "uri": uri }));
-        let dest = Arc::new(accept.join().unwrap().expect("accepting QEMU's connection"));
+        // QEMU may give up before it connects: at once (an error reply), or later.
+        let mut failed = qmp.try_cmd("migrate", json!({ "uri": uri })).err();
+        while failed.is_none() && !accept.is_finished() {
+            let info = qmp.cmd("query-migrate", json!({}));
+            if info["status"] == "failed" {
+                failed = Some(info);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        if failed.is_some() {
+            // A QEMU that connected before it failed was accepted all the same.
+            listener.cancel();
+        }
+        let dest = match accept.join().unwrap() {
+            Ok(dest) => Arc::new(dest),
+            Err(e) => {
+                let info = failed.unwrap_or_else(|| {
+                    thread::sleep(Duration::from_millis(500));
+                    qmp.cmd("query-migrate", json!({}))
+                });
+                let accept = Some(e).filter(|e| e.kind != ErrorKind::Cancelled);
+                return Err(NotStarted { accept, info, log: fs::read_to_string(&qemu.log).unwrap_or_default() });
+            }
+        };
         let connected = start.elapsed();
         assert_eq!(dest.negotiated().pin_all, pin_all, "{:?}", dest.negotiated());
         assert!(!dest.negotiated().extensions, "QEMU offers no rdmamig extensions: {:?}", dest.negotiated());
-        Migration { _closer: Closer(dest.clone()), dest, qmp, qemu, ram, blocks, pattern, start, connected, _dir: dir }
+        Ok(Migration {
+            _closer: Closer(dest.clone()),
+            dest,
+            qmp,
+            qemu,
+            ram,
+            blocks,
+            pattern,
+            tag,
+            start,
+            connected,
+            _dir: dir,
+        })
+    }
+
+    /// Polls query-migrate until QEMU's migration has ended (completed,
+    /// failed or cancelled) and returns its last answer; prints QEMU's times.
+    fn wait_final(&mut self) -> Value {
+        let mut zero_time = 0;
+        let info = loop {
+            let info = self.qmp.cmd("query-migrate", json!({}));
+            match info["status"].as_str().unwrap_or("") {
+                // total-time can still read 0 at the instant the status turns: ask again.
+                "completed" if info["total-time"].as_u64().unwrap_or(0) > 0 || zero_time == 20 => break info,
+                "completed" => zero_time += 1,
+                "failed" | "cancelled" => break info,
+                _ => {}
+            }
+            assert!(
+                self.start.elapsed() < MIGRATION_TIMEOUT,
+                "migration not done after {MIGRATION_TIMEOUT:?}: {info}\ndestination stats {:?}",
+                self.dest.stats()
+            );
+            thread::sleep(Duration::from_millis(100));
+        };
+        print_qemu_times(self.tag, &info);
+        info
+    }
+
+    /// `wait_final`, which must be a completion.
+    fn wait_completed(&mut self) -> Value {
+        let info = self.wait_final();
+        assert_eq!(
+            info["status"],
+            "completed",
+            "QEMU migration: {info}\ndestination error: {:?}, stats {:?}",
+            self.dest.error(),
+            self.dest.stats()
+        );
+        info
+    }
+
+    /// What QEMU printed so far (its -trace lines among it).
+    fn qemu_log(&self) -> String {
+        fs::read_to_string(&self.qemu.log).unwrap_or_default()
     }
 }
 
-fn qemu_source_to_rdmamig(pin_all: bool) {
-    let tag = if pin_all { "pin-all" } else { "dynamic" };
-    // A short liveness: the destination's zero-length-WRITE probes reach
-    // QEMU's QP whenever QEMU is quiet for 100 ms (seen: answered in
-    // 0.4-2 ms), and must change nothing for QEMU.
-    let mut m = Migration::start(tag, pin_all, Some(Duration::from_millis(300)));
-    let Migration { ref dest, ref mut qmp, ref ram, ref blocks, ref pattern, start, connected, .. } = m;
+/// One line with QEMU's own figures for a run (query-migrate, milliseconds).
+fn print_qemu_times(tag: &str, info: &Value) {
+    let ms = |key: &str| info[key].as_u64().map_or_else(|| "-".to_string(), |v| v.to_string());
+    let status = info.get("status").unwrap_or(&info["error"]["class"]);
+    eprintln!("[{tag}] QEMU total-time {} ms, downtime {} ms ({status})", ms("total-time"), ms("downtime"));
+}
 
-    // The device-state stream, read until the source leaves.
-    let reader = {
-        let dest = dest.clone();
-        thread::spawn(move || -> rdmamig::Result<(Vec<u8>, Ending)> {
-            let mut stream = Vec::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match dest.get(&mut buf, Some(MIGRATION_TIMEOUT))? {
-                    Read::Bytes(n) => stream.extend_from_slice(&buf[..n]),
-                    // QEMU has no completion handshake: its stream must prove itself.
-                    Read::End(ending) => return Ok((stream, ending)),
+/// What the test, as the hypervisor, answers on the return path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// No return path.
+    Nothing,
+    /// PONG to QEMU's PING, SHUT(0) once the stream has ended.
+    PongAndShut,
+    /// PONG only; stops reading once the stream has ended.
+    PongOnly,
+}
+
+/// What the hypervisor read and did.
+struct Served {
+    stream: Vec<u8>,
+    /// How the connection ended (`None`: still open, `Answer::PongOnly`).
+    ending: Option<Ending>,
+    /// The PING value found in the stream and answered.
+    ping: Option<u32>,
+}
+
+/// QEMU's return-path message types (MIG_RP_MSG_*, migration.c).
+const RP_MSG_SHUT: u16 = 1;
+const RP_MSG_PONG: u16 = 2;
+
+/// A return-path message with a be32 payload: be16 type, be16 length, payload.
+fn rp_message(kind: u16, value: u32) -> Vec<u8> {
+    [&kind.to_be_bytes()[..], &4u16.to_be_bytes(), &value.to_be_bytes()].concat()
+}
+
+/// The value of the PING QEMU sends right after asking the destination to
+/// open the return path: QEMU_VM_COMMAND (0x08) MIG_CMD_OPEN_RETURN_PATH
+/// (be16 1, length 0), then QEMU_VM_COMMAND MIG_CMD_PING (be16 2, length 4,
+/// be32 value), just after the stream header and configuration section.
+fn find_ping(stream: &[u8]) -> Option<u32> {
+    const OPEN_THEN_PING: [u8; 10] = [0x08, 0, 1, 0, 0, 0x08, 0, 2, 0, 4];
+    let head = &stream[..stream.len().min(1024)];
+    head.windows(14).find(|w| w[..10] == OPEN_THEN_PING).map(|w| u32::from_be_bytes(w[10..].try_into().unwrap()))
+}
+
+/// The hypervisor's stream reader: reads the device-state stream until the
+/// source leaves, answering on the return path as `answer` says.
+fn serve(dest: &Arc<Destination>, answer: Answer) -> thread::JoinHandle<rdmamig::Result<Served>> {
+    let dest = dest.clone();
+    thread::spawn(move || {
+        let mut served = Served { stream: Vec::new(), ending: None, ping: None };
+        let mut shut = false;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match dest.get(&mut buf, Some(MIGRATION_TIMEOUT))? {
+                Read::Bytes(n) => served.stream.extend_from_slice(&buf[..n]),
+                // QEMU has no completion handshake: its stream must prove itself.
+                Read::End(ending) => {
+                    served.ending = Some(ending);
+                    return Ok(served);
                 }
             }
-        })
-    };
-
-    // QEMU's side of the story.
-    let mut zero_time = 0;
-    let info = loop {
-        let info = qmp.cmd("query-migrate", json!({}));
-        match info["status"].as_str().unwrap_or("") {
-            // total-time can still read 0 at the instant the status turns: ask again.
-            "completed" if info["total-time"].as_u64().unwrap_or(0) > 0 || zero_time == 20 => break info,
-            "completed" => zero_time += 1,
-            "failed" | "cancelled" => panic!(
-                "QEMU migration {}: {info}\ndestination error: {:?}, stats {:?}",
-                info["status"],
-                dest.error(),
-                dest.stats()
-            ),
-            _ => {}
+            if answer == Answer::Nothing {
+                continue;
+            }
+            if served.ping.is_none() {
+                served.ping = find_ping(&served.stream);
+                if let Some(ping) = served.ping {
+                    dest.put_return(&rp_message(RP_MSG_PONG, ping))?;
+                }
+            }
+            if !shut && ends_with_vm_eof(&served.stream) {
+                if answer == Answer::PongOnly {
+                    return Ok(served);
+                }
+                // QEMU's destination sends it once its stream is loaded; 0: no error.
+                dest.put_return(&rp_message(RP_MSG_SHUT, 0))?;
+                shut = true;
+            }
         }
-        assert!(
-            start.elapsed() < MIGRATION_TIMEOUT,
-            "migration not done after {MIGRATION_TIMEOUT:?}: {info}\ndestination stats {:?}",
-            dest.stats()
-        );
-        thread::sleep(Duration::from_millis(100));
-    };
-    let completed = start.elapsed();
-    let (stream, ending) =
-        reader.join().unwrap().unwrap_or_else(|e| panic!("reading the stream: {e} (stats {:?})", dest.stats()));
-    assert_eq!(ending, Ending::Unverified, "a QEMU source's clean end is closed-without-proof");
+    })
+}
+
+/// QEMU's side of the story and the destination's: QEMU completed, the
+/// stream is whole, and the RAM and the counters are right.
+/// Returns the PING value the hypervisor answered.
+fn check_migrated(m: &mut Migration, served: thread::JoinHandle<rdmamig::Result<Served>>) -> Option<u32> {
+    let info = m.wait_completed();
+    let completed = m.start.elapsed();
+    let Migration { ref dest, ref ram, ref blocks, ref pattern, tag, start, connected, .. } = *m;
+    let served =
+        served.join().unwrap().unwrap_or_else(|e| panic!("reading the stream: {e} (stats {:?})", dest.stats()));
+    let stream = &served.stream;
+    assert_eq!(served.ending, Some(Ending::Unverified), "a QEMU source's clean end is closed-without-proof");
     assert_eq!(dest.wait_end(Some(Duration::ZERO)).unwrap(), Ending::Unverified);
     let drained = start.elapsed();
     let stats = dest.stats();
@@ -332,7 +507,7 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     // The stream is QEMU's ordinary migration stream: "QEVM", version 3, and
     // it proves itself whole by its end: QEMU_VM_EOF, then the VM description.
     assert!(!stream.is_empty(), "no stream bytes");
-    assert!(ends_with_vm_eof(&stream), "the stream does not end in QEMU_VM_EOF + VM description");
+    assert!(ends_with_vm_eof(stream), "the stream does not end in QEMU_VM_EOF + VM description");
     assert_eq!(stream.len() as u64, stats.stream_bytes);
     assert_eq!(&stream[..8], &[0x51, 0x45, 0x56, 0x4d, 0, 0, 0, 3], "stream header");
 
@@ -359,7 +534,7 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
 
     // Counters.
     assert!(stats.iterations >= 1, "{stats:?}");
-    if pin_all {
+    if dest.negotiated().pin_all {
         assert_eq!(stats.zero_chunks, 0, "QEMU sends no COMPRESS with pin-all: {stats:?}");
         assert_eq!(stats.registration_round_trips, 0, "QEMU sends no REGISTER with pin-all: {stats:?}");
         let chunks: u64 = blocks.iter().map(|b| b.2.div_ceil(MIB)).sum();
@@ -375,6 +550,146 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     // The connection is gone (the source left); closing frees everything.
     dest.close();
     assert_eq!(dest.stats().pinned_bytes, 0);
+    served.ping
+}
+
+fn qemu_source_to_rdmamig(pin_all: bool) {
+    let tag = if pin_all { "pin-all" } else { "dynamic" };
+    // A short liveness: the destination's zero-length-WRITE probes reach
+    // QEMU's QP whenever QEMU is quiet for 100 ms (seen: answered in
+    // 0.4-2 ms), and must change nothing for QEMU.
+    let config = Config { pin_all, liveness: Some(Duration::from_millis(300)), ..Config::default() };
+    let mut m = Migration::start(&Setup::new(tag, config));
+    assert!(!m.dest.has_return_path());
+    let err = m.dest.put_return(&rp_message(RP_MSG_SHUT, 0)).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::State, "{err}");
+    let served = serve(&m.dest, Answer::Nothing);
+    check_migrated(&mut m, served);
+}
+
+/// The capabilities that make QEMU 7.2 use a return path over RDMA:
+/// `return-path` alone opens no connection for it (see
+/// `qemu_7_2_fails_with_return_path_alone`), `postcopy-ram` does (postcopy
+/// never starts here).
+const RETURN_PATH: &[&str] = &["return-path", "postcopy-ram"];
+
+/// Lines of QEMU's -trace output.
+const RP_PONG_1: &str = "source_return_path_thread_pong 0x1";
+const RP_SHUT_0: &str = "source_return_path_thread_shut 0x0";
+const RP_ENDED_WELL: &str = "migration_return_path_end_after 0";
+const RP_ENDED_BADLY: &str = "migration_return_path_end_after 1";
+
+/// QEMU with a return path: the destination keeps QEMU's second connection;
+/// the test, as the hypervisor, answers the PING it finds in the stream with
+/// PONG and sends SHUT(0) once the stream has ended. QEMU's trace shows it
+/// took both, and it completes.
+#[test]
+fn qemu_source_with_return_path() {
+    let config = Config { return_path: true, ..Config::default() };
+    let mut m = Migration::start(&Setup { capabilities: RETURN_PATH, ..Setup::new("return-path", config) });
+    assert!(m.dest.has_return_path());
+    let served = serve(&m.dest, Answer::PongAndShut);
+    let ping = check_migrated(&mut m, served);
+    assert_eq!(ping, Some(1), "QEMU pings (1) right after opening the return path");
+    let log = m.qemu_log();
+    for line in [RP_PONG_1, RP_SHUT_0, RP_ENDED_WELL] {
+        assert!(log.contains(line), "QEMU's trace lacks {line:?}:\n{log}");
+    }
+    // Both connections are gone.
+    let err = m.dest.put_return(&rp_message(RP_MSG_SHUT, 0)).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
+}
+
+/// Without SHUT, QEMU waits: it has sent everything (the stream ends with
+/// QEMU_VM_EOF and the VM description) and its migration stays "active" for
+/// as long as the return path is open (5 s here); once the destination
+/// closes, QEMU's migration fails.
+#[test]
+fn qemu_source_waits_for_shut() {
+    let config = Config { return_path: true, ..Config::default() };
+    let mut m = Migration::start(&Setup { capabilities: RETURN_PATH, ..Setup::new("no-shut", config) });
+    let served = serve(&m.dest, Answer::PongOnly).join().unwrap().unwrap();
+    assert!(ends_with_vm_eof(&served.stream) && served.ending.is_none());
+    let waiting = Instant::now();
+    while waiting.elapsed() < Duration::from_secs(5) {
+        let info = m.qmp.cmd("query-migrate", json!({}));
+        assert_eq!(info["status"], "active", "QEMU without SHUT: {info}");
+        thread::sleep(Duration::from_millis(250));
+    }
+    m.dest.close();
+    let closed = Instant::now();
+    let info = m.wait_final();
+    eprintln!("[no-shut] QEMU ended {:?} after the destination closed: {info}", closed.elapsed());
+    assert_eq!(info["status"], "failed", "{info}");
+    let log = m.qemu_log();
+    assert!(log.contains(RP_PONG_1) && log.contains(RP_ENDED_BADLY), "QEMU's trace:\n{log}");
+}
+
+/// QEMU 7.2 with `return-path` alone (no postcopy-ram) opens no connection
+/// for it (fixed in QEMU 8.0), yet starts its return-path thread: that
+/// thread's first read fails, and closing its file closes the channel the
+/// migration runs on. So QEMU fails the migration right after setup,
+/// whatever the destination does: here the destination gets the stream's
+/// first bytes (up to MIG_CMD_OPEN_RETURN_PATH) and the disconnect, and the
+/// stream never ends in QEMU_VM_EOF.
+#[test]
+fn qemu_7_2_fails_with_return_path_alone() {
+    let setup = Setup { capabilities: &["return-path"], ..Setup::new("return-path-alone", Config::default()) };
+    let mut m = Migration::start(&setup);
+    let served = serve(&m.dest, Answer::Nothing);
+    let info = m.wait_final();
+    assert_eq!(info["status"], "failed", "{info}");
+    let log = m.qemu_log();
+    assert!(log.contains("source_return_path_thread_bad_end"), "QEMU's trace:\n{log}");
+    assert!(!log.contains("migration_return_path_end_after"), "QEMU got as far as completing:\n{log}");
+    let served = served.join().unwrap().unwrap_or_else(|e| panic!("the destination failed otherwise: {e}"));
+    eprintln!("[{}] the destination got {} stream bytes, then {:?}", m.tag, served.stream.len(), served.ending);
+    assert!(!ends_with_vm_eof(&served.stream), "QEMU sent a whole stream");
+    assert_eq!(served.ending, Some(Ending::Unverified), "QEMU left between windows");
+}
+
+/// A destination with `return_path` and a QEMU source that opens no return
+/// path: once the config's timeout has run out, the accept fails and says
+/// why, and QEMU, left without its connection, fails its migration.
+#[test]
+fn return_path_destination_refuses_a_qemu_source_without_one() {
+    let config = Config { return_path: true, timeout: Duration::from_secs(3), ..Config::default() };
+    let setup = Setup::new("no-return-path", config);
+    let Err(refused) = Migration::try_start(&setup) else { panic!("a return path was accepted") };
+    print_qemu_times(setup.tag, &refused.info);
+    let err = refused.accept.expect("the destination's accept fails");
+    assert_eq!(err.kind, ErrorKind::Connect, "{err}");
+    assert!(err.message.contains("no return-path connection within 3s"), "{err}");
+    assert_eq!(refused.info["status"], "failed", "{}", refused.info);
+}
+
+/// QEMU migrating to the destination's IPv6 address (RXE_VM_IP6, which the
+/// harness puts on the RDMA netdev). QEMU 7.2 refuses IPv6 on a host with
+/// RoCE or iWARP devices and no InfiniBand one (`qemu_rdma_broken_ipv6_kernel`):
+/// `migrate` fails at once, before any connection request. Where it connects (an InfiniBand
+/// device, or a QEMU without that check), the whole migration is checked.
+#[test]
+fn qemu_source_over_ipv6() {
+    let ip6 = std::env::var("RXE_VM_IP6").expect("RXE_VM_IP6: the RDMA netdev's IPv6 address (the harness sets it)");
+    let setup = Setup { addr: ip6, ..Setup::new("ipv6", Config::default()) };
+    match Migration::try_start(&setup) {
+        Ok(mut m) => {
+            let served = serve(&m.dest, Answer::Nothing);
+            check_migrated(&mut m, served);
+        }
+        Err(refused) => {
+            print_qemu_times(setup.tag, &refused.info);
+            assert!(refused.accept.is_none(), "QEMU connected, then: {:?}\n{}", refused.accept, refused.log);
+            let why = refused.info["error"]["desc"].as_str().unwrap_or_default();
+            assert!(
+                why.contains("IPv6 over RoCE / iWARP is not supported"),
+                "QEMU failed for another reason: {}\n{}",
+                refused.info,
+                refused.log
+            );
+            eprintln!("[ipv6] QEMU 7.2 refuses IPv6 over RoCE before connecting: {why}");
+        }
+    }
 }
 
 /// Whether a QEMU 7.2 stream ends as a whole one does: QEMU_VM_EOF (0x00),
@@ -406,7 +721,7 @@ fn qemu_source_pin_all() {
 #[test]
 fn qemu_source_killed_inside_a_window_is_a_failure() {
     for attempt in 1..=5 {
-        let mut m = Migration::start("killed", false, Config::default().liveness);
+        let mut m = Migration::start(&Setup::new("killed", Config::default()));
         let deadline = Instant::now() + Duration::from_secs(60);
         // The pattern alone needs 24 chunks: kill just after the 8th is registered.
         while m.dest.stats().chunks_registered < 8 {
@@ -415,6 +730,7 @@ fn qemu_source_killed_inside_a_window_is_a_failure() {
         }
         m.qemu.child.kill().unwrap();
         let killed = Instant::now();
+        print_qemu_times(m.tag, &json!({ "status": "killed: no query-migrate" }));
         let stats = m.dest.stats();
         let end = m.dest.wait_end(Some(Duration::from_secs(10)));
         let detected = killed.elapsed();

@@ -3,7 +3,9 @@
 //! message as it arrives (RAM-block exchange, registrations, zero ranges,
 //! iteration ends; `dispatch`), so the hypervisor never has to parse its own
 //! stream to find QEMU's hook markers. Stream bytes (QEMU_FILE) are buffered
-//! for `get`.
+//! for `get`. A QEMU source's return path (`Config::return_path`) is a second
+//! connection on which this side sends: `put_return` runs on the caller's
+//! thread.
 
 pub(crate) mod dispatch;
 
@@ -23,6 +25,7 @@ use crate::engine::pin::{Pins, Unregistration};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::Ending;
+use crate::wire::{CommandType, SEND_INCREMENT};
 use crate::{Error, ErrorKind, Result};
 use service::Service;
 
@@ -49,6 +52,15 @@ struct Shared {
     counters: Arc<Counters>,
 }
 
+/// A QEMU source's return-path connection.
+enum ReturnChannel {
+    /// None was accepted (`Config::return_path` off, or an rdmamig source).
+    Absent,
+    Open(Box<Link>),
+    /// Torn down by `abort` or `close`, or after this failure of `put_return`.
+    Closed(Option<Error>),
+}
+
 /// The destination end of a migration connection.
 ///
 /// Thread safety: every method takes `&self` and may be called from any thread.
@@ -59,6 +71,8 @@ pub struct Destination {
     stop: Arc<AtomicBool>,
     negotiated: Negotiated,
     thread: Mutex<Option<JoinHandle<()>>>,
+    return_channel: Mutex<ReturnChannel>,
+    has_return_path: bool,
     /// Keeps the unregistration worker running past `close`, so that close
     /// does not wait for the deregistrations it queued.
     unregistration: Option<Arc<Unregistration>>,
@@ -67,7 +81,9 @@ pub struct Destination {
 impl Destination {
     /// Waits (up to `timeout`, or for ever) for a source to connect on
     /// `listener` and starts serving it. `ram` lists this side's blocks; for a
-    /// QEMU source, in the source's block order.
+    /// QEMU source, in the source's block order. With the listener's
+    /// `Config::return_path`, a QEMU source's return-path connection is
+    /// accepted too before this returns.
     pub fn accept(listener: &Listener, ram: &RamBlocks, timeout: Option<Duration>) -> Result<Destination> {
         Self::accept_with(listener, ram, timeout, None)
     }
@@ -97,6 +113,14 @@ impl Destination {
         }
         let counters = Arc::new(Counters::new());
         let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout)?;
+        // QEMU opens it right after the first is established, before it sends
+        // anything on the first (an rdmamig source opens none).
+        let return_channel = if listener.config().return_path && !link.negotiated.extensions {
+            ReturnChannel::Open(Box::new(Link::accept_return(listener, &link, ram.total_bytes(), counters.clone())?))
+        } else {
+            ReturnChannel::Absent
+        };
+        let has_return_path = matches!(return_channel, ReturnChannel::Open(_));
         let pins = Pins::new(link.pd.clone(), listener.config(), counters.clone())?;
         let unregistration = pins.worker();
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters });
@@ -107,11 +131,60 @@ impl Destination {
             .name("rdmamig-dest".into())
             .spawn(move || service.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the service thread: {e}")))?;
-        Ok(Destination { shared, stop, negotiated, thread: Mutex::new(Some(thread)), unregistration })
+        Ok(Destination {
+            shared,
+            stop,
+            negotiated,
+            thread: Mutex::new(Some(thread)),
+            return_channel: Mutex::new(return_channel),
+            has_return_path,
+            unregistration,
+        })
     }
 
     pub fn negotiated(&self) -> Negotiated {
         self.negotiated
+    }
+
+    /// Whether a return-path connection was accepted (see [`put_return`](Self::put_return)).
+    pub fn has_return_path(&self) -> bool {
+        self.has_return_path
+    }
+
+    /// Sends `data` to a QEMU source over its return path: QEMU_FILE
+    /// messages of at most 32 KiB, each after the source's READY (its return
+    /// path thread sends one whenever it wants to read). The bytes are
+    /// QEMU's return-path messages (MIG_RP_MSG_*: be16 type, be16 length,
+    /// payload), which the hypervisor builds from what it finds in the
+    /// stream; QEMU needs SHUT (value 0) to complete. Returns once every
+    /// message is sent, waiting at most the config's timeout for each READY.
+    /// A failure aborts the migration and closes both connections.
+    pub fn put_return(&self, data: &[u8]) -> Result<()> {
+        let mut channel = self.return_channel.lock();
+        let link = match &mut *channel {
+            ReturnChannel::Open(link) => link,
+            ReturnChannel::Absent => {
+                return Err(Error::new(
+                    ErrorKind::State,
+                    "no return path: none was accepted (Config::return_path off, or not a QEMU source)",
+                ))
+            }
+            ReturnChannel::Closed(Some(e)) => return Err(e.clone()),
+            ReturnChannel::Closed(None) => {
+                return Err(Error::new(ErrorKind::Aborted, "the return path was closed by abort or close"))
+            }
+        };
+        let sent = data
+            .chunks(SEND_INCREMENT)
+            .try_for_each(|piece| link.post_message(CommandType::QemuFile, |w| w.push_bytes(piece)));
+        if let Err(e) = &sent {
+            let e = Error::new(e.kind, format!("return path: {}", e.message));
+            *channel = ReturnChannel::Closed(Some(e.clone()));
+            drop(channel);
+            self.abort();
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The unregistration worker this connection uses (see `Source::unregistration`).
@@ -210,10 +283,15 @@ impl Destination {
 
     /// Aborts the migration without waiting: the service thread sends ERROR to
     /// a source still migrating (see `Link::send_error` for when it can) and
-    /// tears the connection down; calls blocked in `get`, `wait_end` or
-    /// `wait_iteration` then return. May be called from any thread.
+    /// tears the connection down; calls blocked in `get`, `wait_end`,
+    /// `wait_iteration` or `put_return` then return. The return path is
+    /// closed here (or by a `put_return` under way, which fails). May be
+    /// called from any thread.
     pub fn abort(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(mut channel) = self.return_channel.try_lock() {
+            close_return(&mut channel);
+        }
     }
 
     /// Aborts (if still connected) and waits until the connection is torn down.
@@ -222,6 +300,15 @@ impl Destination {
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
+        close_return(&mut self.return_channel.lock());
+    }
+}
+
+/// Disconnects an open return path (QEMU then fails the migration unless it
+/// has taken SHUT).
+fn close_return(channel: &mut ReturnChannel) {
+    if let ReturnChannel::Open(_) = channel {
+        *channel = ReturnChannel::Closed(None);
     }
 }
 

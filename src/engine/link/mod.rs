@@ -309,6 +309,11 @@ impl Link {
         Ok(true)
     }
 
+    /// The peer's address (`None` when it is not IP).
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.id.peer_addr()
+    }
+
     /// Whether the connection ended with the peer's disconnect (rather than
     /// a device removal, a transport error or a liveness failure).
     pub fn closed_by_peer(&self) -> bool {

@@ -2,7 +2,7 @@
 //! timeout, rdma_cm connect and accept with the capability exchange in the
 //! private data, the QP's transport timeout, and the destination's listener.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +23,17 @@ use crate::{Error, ErrorKind, Result};
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Transport retries of an unacknowledged packet before the QP fails (QEMU's 5).
 const RETRY_COUNT: u8 = 5;
+
+/// Which connection requests a destination takes (the allow-list applies either way).
+#[derive(Clone, Copy, Debug)]
+enum Admit {
+    Any,
+    /// Only from the source already connected (`None`: its address is not IP).
+    SameSource(Option<IpAddr>),
+}
+
+/// Requests refused while waiting: how many, and the last refusal.
+type Refusals = Option<(u32, Error)>;
 
 /// What the two sides agreed on in the connection private data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,30 +182,78 @@ impl Link {
         counters: Arc<Counters>,
         timeout: Option<Duration>,
     ) -> Result<Link> {
+        Link::accept_from(listener, Admit::Any, ram_bytes, counters, timeout).map_err(|(e, refused)| match refused {
+            Some((n, last)) if e.kind == ErrorKind::Timeout => {
+                auth_error(format!("no source was admitted ({n} refused; the last: {})", last.message))
+            }
+            _ => e,
+        })
+    }
+
+    /// Destination side, right after accepting `forward` from a QEMU source:
+    /// accept that source's return-path connection, the second request QEMU
+    /// makes to the same listener (requests from other addresses are
+    /// rejected), within the config's timeout (QEMU itself gives up after
+    /// 5 s). On it the roles are reversed: this side sends, each message
+    /// after the source's READY.
+    pub fn accept_return(listener: &Listener, forward: &Link, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
+        let admit = Admit::SameSource(forward.peer_addr().map(|a| a.ip().to_canonical()));
+        let timeout = listener.config.timeout;
+        let accepted = Link::accept_from(listener, admit, ram_bytes, counters, Some(timeout));
+        let mut link = accepted.map_err(|(e, refused)| {
+            if e.kind != ErrorKind::Timeout {
+                return Error::new(e.kind, format!("accepting the return-path connection: {}", e.message));
+            }
+            let refused = refused.map_or(String::new(), |(n, last)| {
+                format!(" ({n} other requests refused; the last: {})", last.message)
+            });
+            Error::new(
+                ErrorKind::Connect,
+                format!(
+                    "the source opened no return-path connection within {timeout:?}{refused}; QEMU 7.2 opens one \
+                     only with its postcopy-ram or dirty-bitmaps capability on"
+                ),
+            )
+        })?;
+        link.ready_expected = true;
+        // Aborting the migration stops waits on either connection.
+        link.stop = forward.stop.clone();
+        Ok(link)
+    }
+
+    /// Accepts the first request `admit` takes. Fails with the error and,
+    /// when requests were refused meanwhile, their count and the last refusal.
+    fn accept_from(
+        listener: &Listener,
+        admit: Admit,
+        ram_bytes: u64,
+        counters: Arc<Counters>,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Link, (Error, Refusals)> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut refused: Option<(u32, Error)> = None;
+        let mut refused: Refusals = None;
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let event = match listener.next_event(left) {
-                Err(e) if e.kind == ErrorKind::Timeout => {
-                    return Err(refused.map_or(e, |(n, last)| {
-                        auth_error(format!("no source was admitted ({n} refused; the last: {})", last.message))
-                    }))
-                }
-                r => r?,
-            };
-            match Link::admit(listener, event, ram_bytes, counters.clone()) {
+            let event = listener.next_event(left).map_err(|e| (e, refused.clone()))?;
+            match Link::admit(listener, event, admit, ram_bytes, counters.clone()) {
                 Err(e) if e.kind == ErrorKind::Auth => {
                     refused = Some((refused.map_or(0, |(n, _)| n) + 1, e));
                 }
-                r => return r,
+                r => return r.map_err(|e| (e, None)),
             }
         }
     }
 
     /// Answers one connection event: a connection request from an allowed
-    /// address, with our version, and (with a key) a valid proof becomes a link.
-    fn admit(listener: &Listener, event: verbs::CmEvent, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
+    /// address (that `admit` takes), with our version, and (with a
+    /// key) a valid proof becomes a link.
+    fn admit(
+        listener: &Listener,
+        event: verbs::CmEvent,
+        admit: Admit,
+        ram_bytes: u64,
+        counters: Arc<Counters>,
+    ) -> Result<Link> {
         let config = &listener.config;
         if event.kind() != CmEventKind::ConnectRequest {
             return Err(Error::new(
@@ -215,6 +274,15 @@ impl Link {
         {
             let _ = id.reject(&[]);
             return Err(auth_error(format!("refused a connection from {from}: not on the allow-list")));
+        }
+        if let Admit::SameSource(source) = admit {
+            if source != peer.map(|a| a.ip().to_canonical()) {
+                let _ = id.reject(&[]);
+                let source = source.map_or_else(|| "an address that is not IP".to_string(), |a| a.to_string());
+                return Err(auth_error(format!(
+                    "refused a connection from {from}: the return path must come from the source, {source}"
+                )));
+            }
         }
         let ours = Capabilities { version: config.protocol_version, flags: 0 };
         let request = match ConnectData::decode(event.private_data()) {
@@ -261,6 +329,9 @@ impl Link {
         let challenge = transcript
             .as_ref()
             .map(|(key, t)| AuthChallenge { nonce: t.destination_nonce, proof: key.prove(Role::Destination, t) });
+        // A return-path connection's source SENDs READY as soon as it is
+        // established (QEMU sets rnr_retry to 0): the receive goes first.
+        link.post_recv(INCOMING)?;
         // An rdmamig source also learns the budget it must plan within; QEMU gets its 8 bytes.
         let data = AcceptData { caps: reply, pin_budget: pin::budget_for(config), auth: challenge }.encode();
         let data = if negotiated.extensions { &data[..] } else { &data[..Capabilities::LEN] };
@@ -272,7 +343,6 @@ impl Link {
             rnr_retry_count: 0,
         })?;
         expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout)?;
-        link.post_recv(INCOMING)?;
         // The destination grants credits; it never waits for one.
         link.ready_expected = false;
         if let Some((key, t)) = transcript {

@@ -119,6 +119,12 @@ impl Source {
         if ram.is_empty() {
             return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
         }
+        if config.return_path {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "an rdmamig source opens no return path: Config::return_path is for a destination serving QEMU",
+            ));
+        }
         let counters = Arc::new(Counters::new());
         let link = Link::connect(host, port, config, ram.total_bytes(), counters.clone())?;
         let shared = Arc::new(Shared {
