@@ -585,7 +585,7 @@ mod tests {
         let events = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let seen = events.clone();
         f.dispatcher.set_observer(Box::new(move |e| seen.lock().push(*e)));
-        let mut stream = |f: &mut Fixture, n: usize| {
+        let stream = |f: &mut Fixture, n: usize| {
             let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
             let mut w = MessageWriter::new(&mut buf, CommandType::QemuFile);
             w.push_bytes(&vec![1u8; n]).unwrap();
