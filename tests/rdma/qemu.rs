@@ -399,10 +399,17 @@ impl Migration {
 }
 
 /// One line with QEMU's own figures for a run (query-migrate, milliseconds).
-fn print_qemu_times(tag: &str, info: &Value) {
+pub(crate) fn print_qemu_times(tag: &str, info: &Value) {
     let ms = |key: &str| info[key].as_u64().map_or_else(|| "-".to_string(), |v| v.to_string());
     let status = info.get("status").unwrap_or(&info["error"]["class"]);
-    eprintln!("[{tag}] QEMU total-time {} ms, downtime {} ms ({status})", ms("total-time"), ms("downtime"));
+    report(&format!("[{tag}] QEMU total-time {} ms, downtime {} ms ({status})", ms("total-time"), ms("downtime")));
+}
+
+/// Writes a line to stderr past libtest's output capture (which takes only
+/// `print!`/`eprint!`), so that each interop run's figures are in the
+/// suite's log even when the test passes.
+pub(crate) fn report(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// What the test, as the hypervisor, answers on the return path.

@@ -21,7 +21,9 @@ use rdmamig::recording::{BlockLayout, RangeKind, Recording};
 use rdmamig::{Config, Ending};
 
 use crate::migration::{listen, rdma_ip};
-use crate::qemu::{ends_with_vm_eof, parse_ramblocks, pattern, Qemu, Qmp, TempDir, MIGRATION_TIMEOUT};
+use crate::qemu::{
+    ends_with_vm_eof, parse_ramblocks, pattern, print_qemu_times, report, Qemu, Qmp, TempDir, MIGRATION_TIMEOUT,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -48,7 +50,7 @@ fn wait_migration(qmp: &mut Qmp, qemu: &mut Qemu, done: &str) -> Value {
 
 /// A real QEMU source (`size_mib` of RAM, the pattern loaded at 1 MiB,
 /// paused or running) migrated into the recorder.
-fn record(dir: &TempDir, size_mib: u64, pin_all: bool, running: bool) -> Recording {
+fn record(dir: &TempDir, tag: &str, size_mib: u64, pin_all: bool, running: bool) -> Recording {
     let pattern_file = dir.0.join("pattern.bin");
     fs::write(&pattern_file, pattern()).unwrap();
     let mut args = vec!["-M".into(), "pc".into(), "-m".into(), format!("{size_mib}")];
@@ -76,11 +78,9 @@ fn record(dir: &TempDir, size_mib: u64, pin_all: bool, running: bool) -> Recordi
     qmp.cmd("migrate", json!({ "uri": format!("rdma:{}:{port}", rdma_ip()) }));
     let info = wait_migration(&mut qmp, &mut qemu, "completed");
     let (recording, ending) = recorder.join().unwrap().expect("recording QEMU's migration");
+    print_qemu_times(&format!("record {tag}"), &info);
     eprintln!(
-        "record: QEMU source total-time {} ms, downtime {} ms, dirty-sync-count {}, {} windows \
-         ({} with ranges), {} stream bytes; recorded after {:?}",
-        info["total-time"],
-        info["downtime"],
+        "record: dirty-sync-count {}, {} windows ({} with ranges), {} stream bytes; recorded after {:?}",
         info["ram"]["dirty-sync-count"],
         recording.windows.len(),
         recording.windows.iter().filter(|w| !w.ranges.is_empty()).count(),
@@ -119,9 +119,15 @@ fn record(dir: &TempDir, size_mib: u64, pin_all: bool, running: bool) -> Recordi
 
 /// Replays `recording` into a fresh real QEMU destination; returns it (and
 /// its QMP) once the replay returned, with the replay's result.
-fn replay(dir: &TempDir, tag: &str, recording: &mut Recording, port: u16) -> (Qemu, Qmp, rdmamig::Result<Ending>) {
+fn replay(
+    dir: &TempDir,
+    case: &str,
+    role: &str,
+    recording: &mut Recording,
+    port: u16,
+) -> (Qemu, Qmp, rdmamig::Result<Ending>) {
     let size = recording.blocks[0].ram.len() as u64;
-    let ram_file = dir.0.join(format!("{tag}.ram"));
+    let ram_file = dir.0.join(format!("{role}.ram"));
     let args = [
         "-M".into(),
         "pc,memory-backend=pc.ram".into(),
@@ -134,13 +140,13 @@ fn replay(dir: &TempDir, tag: &str, recording: &mut Recording, port: u16) -> (Qe
         "-incoming".into(),
         format!("rdma:{}:{port}", rdma_ip()),
     ];
-    let mut qemu = Qemu::spawn(&dir.0, tag, &args, None);
+    let mut qemu = Qemu::spawn(&dir.0, role, &args, None);
     // QEMU listens before its QMP socket comes up.
-    let qmp = Qmp::connect(&dir.0.join(format!("{tag}.qmp")), &mut qemu);
+    let qmp = Qmp::connect(&dir.0.join(format!("{role}.qmp")), &mut qemu);
     let config = Config { extensions: false, ..Config::default() };
     let start = Instant::now();
     let result = recording.replay(&rdma_ip(), port, &config);
-    eprintln!("replay [{tag}]: {result:?} after {:?}", start.elapsed());
+    report(&format!("[replay {case}, {role}] rdmamig source into QEMU: {result:?} after {:?}", start.elapsed()));
     (qemu, qmp, result)
 }
 
@@ -151,7 +157,7 @@ fn record_and_replay(size_mib: u64, pin_all: bool, running: bool, corrupt_first:
         if running { "running" } else { "paused" }
     );
     let dir = TempDir::new(&format!("replay-{tag}"));
-    let mut recording = record(&dir, size_mib, pin_all, running);
+    let mut recording = record(&dir, &tag, size_mib, pin_all, running);
     let port = 20000 + (std::process::id() % 20000) as u16;
 
     if corrupt_first {
@@ -160,7 +166,7 @@ fn record_and_replay(size_mib: u64, pin_all: bool, running: bool, corrupt_first:
         let mut bad = recording.clone();
         bad.windows[0].stream_begin -= 3;
         bad.windows[0].stream_end -= 3;
-        let (mut qemu, _qmp, result) = replay(&dir, "corrupt", &mut bad, port);
+        let (mut qemu, _qmp, result) = replay(&dir, &tag, "corrupt", &mut bad, port);
         let status = wait_exit(&mut qemu, Duration::from_secs(30));
         let log = qemu.log();
         eprintln!("corrupted replay: {result:?}; QEMU destination {status:?}:\n{log}");
@@ -169,7 +175,7 @@ fn record_and_replay(size_mib: u64, pin_all: bool, running: bool, corrupt_first:
         assert!(log.contains("load of migration failed"), "{log}");
     }
 
-    let (mut qemu, mut qmp, result) = replay(&dir, "dest", &mut recording, port + 1);
+    let (mut qemu, mut qmp, result) = replay(&dir, &tag, "dest", &mut recording, port + 1);
     assert_eq!(result.unwrap_or_else(|e| panic!("replay: {e}\n{}", qemu.log())), Ending::Unverified);
     let info = wait_migration(&mut qmp, &mut qemu, "completed");
     let status = qmp.cmd("query-status", json!({}));
