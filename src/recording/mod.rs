@@ -11,11 +11,13 @@
 //! checked against QEMU itself.
 //!
 //! A destination cannot see RDMA WRITEs into memory it registered earlier,
-//! so the replay cannot know what each window wrote: it writes the final RAM
+//! so the replay cannot know what each window wrote. But a source writes
+//! only into ranges it had registered (dynamic: REGISTER; pin-all: whole
+//! blocks, at the RAM-blocks exchange), so the replay writes the final RAM
 //! of every range registered or zeroed in a window during that window, and
-//! all of the final RAM in the last window. The destination ends up with the
-//! recorded final RAM; its intermediate contents differ from the original
-//! migration's (a destination does not check those).
+//! the destination ends up with the recorded final RAM; what it holds
+//! between windows differs from the original migration (no destination
+//! checks that).
 //!
 //! The file format ([`Recording::write_to`]) is versioned; see `format`.
 
@@ -146,7 +148,7 @@ impl Recording {
     /// Connects to a destination on `host:port` as a source (with `config`,
     /// its `pin_all` replaced by the recording's) and sends the recording:
     /// the stream in order, each window at its recorded position, writing
-    /// the final RAM of its ranges, and all of the RAM in the last window.
+    /// the final RAM of its ranges.
     /// Returns how the source's `close` judged the end.
     pub fn replay(&mut self, host: &str, port: u16, config: &Config) -> Result<Ending> {
         self.check()?;
@@ -158,7 +160,7 @@ impl Recording {
             unsafe { registry.add(&b.name, b.ram.as_mut_ptr(), b.offset, b.ram.len() as u64)? };
         }
         let mut source = Source::connect(host, port, &config, &registry)?;
-        match self.send(&mut source, &registry) {
+        match self.send(&mut source) {
             Ok(()) => source.close(),
             Err(e) => {
                 source.abort();
@@ -167,20 +169,13 @@ impl Recording {
         }
     }
 
-    fn send(&self, source: &mut Source, registry: &RamBlocks) -> Result<()> {
+    fn send(&self, source: &mut Source) -> Result<()> {
         let mut sent = 0;
-        let last = self.windows.len().saturating_sub(1);
-        for (i, w) in self.windows.iter().enumerate() {
+        for w in &self.windows {
             source.put(&self.stream[sent..w.stream_begin as usize])?;
             source.iteration_begin()?;
-            if i == last {
-                for (b, block) in registry.blocks().iter().enumerate() {
-                    source.save(b as u32, 0, block.length)?;
-                }
-            } else {
-                for r in &w.ranges {
-                    source.save(r.block, r.offset, r.len)?;
-                }
+            for r in &w.ranges {
+                source.save(r.block, r.offset, r.len)?;
             }
             // Held back by the source until the window is closed, as they were sent.
             source.put(&self.stream[w.stream_begin as usize..w.stream_end as usize])?;
