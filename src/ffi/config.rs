@@ -319,6 +319,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_auth_key(n, std::ptr::null(), 0), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_allow_source(n, c"::1".as_ptr()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_tos(n, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_return_path(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);
     }
 }
