@@ -194,6 +194,10 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_iteration_end(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_put(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_put_return(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    rdmamig_range range = {0};
+    CHECK_STATUS(rdmamig_conn_save_ranges(NULL, &range, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    static const uint64_t bits[2] = {1, 1};
+    CHECK_STATUS(rdmamig_conn_save_bitmap(NULL, 0, bits, 0, 65, 4096), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_flush(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_get(NULL, mem, 1, 1, &n), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_wait_iteration(NULL, 1, 1, &u), RDMAMIG_ERR_NULL_PARAMETER);

@@ -285,6 +285,17 @@ typedef struct rdmamig_listener rdmamig_listener;
 typedef struct rdmamig_ram rdmamig_ram;
 
 /**
+ * A range of guest RAM for `rdmamig_conn_save_ranges`: `length` bytes at
+ * `offset` of RAM block `block`. Zero it first: `reserved` must be 0.
+ */
+typedef struct {
+  uint32_t block;
+  uint32_t reserved;
+  uint64_t offset;
+  uint64_t length;
+} rdmamig_range;
+
+/**
  * A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
  *
  * The struct may grow in later versions, with fields added only at the end.
@@ -716,6 +727,40 @@ rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
                                  uint32_t block,
                                  uint64_t offset,
                                  uint64_t length);
+
+/**
+ * Source: queues `count` ranges at `ranges` for transfer, as `count` calls
+ * of `rdmamig_conn_save` would, waking the library's transfer thread once.
+ * All are checked first: one bad range (`RDMAMIG_ERR_INVALID_ARGUMENT`,
+ * also for a non-zero `reserved`) refuses the call and nothing is queued.
+ * `ranges` may be NULL when `count` is 0.
+ *
+ * Thread safety: as `rdmamig_conn_save`.
+ */
+rdmamig_status rdmamig_conn_save_ranges(const rdmamig_conn *conn,
+                                        const rdmamig_range *ranges,
+                                        size_t count);
+
+/**
+ * Source: queues the dirty pages of RAM block `block` that `bitmap` names:
+ * bit `i % 64` of `bitmap[i / 64]` stands for page `first_page + i`, of
+ * `page_size` bytes, for `i` below `page_count` (the bitmap holds
+ * `(page_count + 63) / 64` words; later bits are ignored). Each run of set
+ * bits is queued as one range, with one wake-up of the transfer thread
+ * (the walk skips a word of clear bits at a time). The pages must lie inside
+ * the block (`RDMAMIG_ERR_INVALID_ARGUMENT` otherwise, or for a page size
+ * of 0). Valid only inside an iteration window. `bitmap` may be NULL when
+ * `page_count` is 0.
+ *
+ * Thread safety: as `rdmamig_conn_save` (e.g. one caller per slice of a
+ * large bitmap, each with its own `first_page`).
+ */
+rdmamig_status rdmamig_conn_save_bitmap(const rdmamig_conn *conn,
+                                        uint32_t block,
+                                        const uint64_t *bitmap,
+                                        uint64_t first_page,
+                                        uint64_t page_count,
+                                        uint64_t page_size);
 
 /**
  * Source: hints how `length` bytes at `offset` of block `block` will be

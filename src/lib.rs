@@ -25,7 +25,7 @@ pub mod wire;
 
 pub use engine::{
     AuthKey, Config, Destination, Ending, Event, Hint, Listener, Negotiated, Observer, RamBlock, RamBlocks, Read,
-    Source, SourcePrefix, Stats, Unregistration,
+    SaveRange, Source, SourcePrefix, Stats, Unregistration,
 };
 pub use error::{Error, ErrorKind, Result};
 

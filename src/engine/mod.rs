@@ -24,7 +24,7 @@ pub use destination::{Destination, Observer, Read};
 pub use link::{Listener, Negotiated};
 pub use pin::{Hint, Unregistration};
 pub use ram::{RamBlock, RamBlocks};
-pub use source::Source;
+pub use source::{SaveRange, Source};
 pub use stats::Stats;
 
 /// How a migration connection ended, when it did not fail.

@@ -8,11 +8,11 @@ use super::buffer::copy_to_c_buf;
 use super::config::rdmamig_config;
 use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, try_from_mut_ptr, try_from_ptr, Castable};
 use super::last_error::{
-    bytes, bytes_mut, handle, opt_out, out_ref, record, set_last_error, string, timeout_of, Failure,
+    bytes, bytes_mut, handle, items, opt_out, out_ref, record, set_last_error, string, timeout_of, Failure,
 };
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Destination, Ending, Hint, Read, Source, Stats, Unregistration};
+use crate::engine::{Destination, Ending, Hint, Read, SaveRange, Source, Stats, Unregistration};
 use std::sync::Arc;
 
 /// One end of a migration connection: a source (made by `rdmamig_connect`)
@@ -370,6 +370,77 @@ pub extern "C" fn rdmamig_conn_save(conn: *const rdmamig_conn, block: u32, offse
         const F: &str = "rdmamig_conn_save";
         let conn = conn_ref!(conn, F);
         conn.run(|c| Ok(c.source(F)?.save(block, offset, length)?))
+    }
+}
+
+/// A range of guest RAM for `rdmamig_conn_save_ranges`: `length` bytes at
+/// `offset` of RAM block `block`. Zero it first: `reserved` must be 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct rdmamig_range {
+    pub block: u32,
+    pub reserved: u32,
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// Source: queues `count` ranges at `ranges` for transfer, as `count` calls
+/// of `rdmamig_conn_save` would, waking the library's transfer thread once.
+/// All are checked first: one bad range (`RDMAMIG_ERR_INVALID_ARGUMENT`,
+/// also for a non-zero `reserved`) refuses the call and nothing is queued.
+/// `ranges` may be NULL when `count` is 0.
+///
+/// Thread safety: as `rdmamig_conn_save`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_save_ranges(
+    conn: *const rdmamig_conn,
+    ranges: *const rdmamig_range,
+    count: usize,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_save_ranges";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
+            let ranges = items(ranges, count, F, "ranges")?;
+            if let Some(i) = ranges.iter().position(|r| r.reserved != 0) {
+                return Err(Failure::invalid(format!("{F}: ranges[{i}].reserved is not 0")));
+            }
+            let ranges = ranges.iter().map(|r| SaveRange { block: r.block, offset: r.offset, len: r.length });
+            Ok(c.source(F)?.save_ranges(ranges)?)
+        })
+    }
+}
+
+/// Source: queues the dirty pages of RAM block `block` that `bitmap` names:
+/// bit `i % 64` of `bitmap[i / 64]` stands for page `first_page + i`, of
+/// `page_size` bytes, for `i` below `page_count` (the bitmap holds
+/// `(page_count + 63) / 64` words; later bits are ignored). Each run of set
+/// bits is queued as one range, with one wake-up of the transfer thread
+/// (the walk skips a word of clear bits at a time). The pages must lie inside
+/// the block (`RDMAMIG_ERR_INVALID_ARGUMENT` otherwise, or for a page size
+/// of 0). Valid only inside an iteration window. `bitmap` may be NULL when
+/// `page_count` is 0.
+///
+/// Thread safety: as `rdmamig_conn_save` (e.g. one caller per slice of a
+/// large bitmap, each with its own `first_page`).
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_save_bitmap(
+    conn: *const rdmamig_conn,
+    block: u32,
+    bitmap: *const u64,
+    first_page: u64,
+    page_count: u64,
+    page_size: u64,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_save_bitmap";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
+            let words = usize::try_from(page_count.div_ceil(64))
+                .map_err(|_| Failure::invalid(format!("{F}: page_count {page_count} is too large")))?;
+            let bitmap = items(bitmap, words, F, "bitmap")?;
+            Ok(c.source(F)?.save_bitmap(block, bitmap, first_page, page_count, page_size)?)
+        })
     }
 }
 

@@ -107,6 +107,11 @@ pub(crate) fn string<'a>(ptr: *const c_char, func: &str, arg: &str) -> Result<&'
 
 /// `(ptr, len)` as bytes; NULL with `len > 0` as in [`handle`].
 pub(crate) fn bytes<'a>(ptr: *const u8, len: usize, func: &str, arg: &str) -> Result<&'a [u8], Failure> {
+    items(ptr, len, func, arg)
+}
+
+/// `(ptr, len)` as `len` elements; NULL with `len > 0` as in [`handle`].
+pub(crate) fn items<'a, T>(ptr: *const T, len: usize, func: &str, arg: &str) -> Result<&'a [T], Failure> {
     try_slice(ptr, len).ok_or_else(|| Failure::null(func, arg))
 }
 

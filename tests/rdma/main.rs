@@ -11,6 +11,7 @@
 
 mod abort;
 mod auth;
+mod batch;
 mod child;
 mod hints;
 mod hostile;

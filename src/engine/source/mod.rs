@@ -71,7 +71,15 @@ struct Shared {
 impl Shared {
     /// Queues `cmd`, waiting while the queue is full; fails with the stored
     /// error if the transfer thread has stopped.
-    fn push(&self, mut cmd: Command) -> Result<()> {
+    fn push(&self, cmd: Command) -> Result<()> {
+        self.push_quietly(cmd)?;
+        self.wake();
+        Ok(())
+    }
+
+    /// As `push`, but wakes the transfer thread only while the queue is
+    /// full: a batch of commands costs one wake-up, by its caller, at the end.
+    fn push_quietly(&self, mut cmd: Command) -> Result<()> {
         loop {
             self.error.check()?;
             match self.queue.push(cmd) {
@@ -83,7 +91,6 @@ impl Shared {
                 }
             }
         }
-        self.wake();
         Ok(())
     }
 
@@ -174,7 +181,8 @@ impl Source {
         Ok(())
     }
 
-    /// Queues `len` bytes at `offset` of block `block` for transfer and returns at once.
+    /// Queues `len` bytes at `offset` of block `block` for transfer and
+    /// returns at once. (`save_ranges` and `save_bitmap` queue many at once.)
     pub fn save(&self, block: u32, offset: u64, len: u64) -> Result<()> {
         self.shared.error.check()?;
         self.ram.get(block)?.check_range(offset, len)?;
@@ -186,6 +194,66 @@ impl Source {
             self.shared.push(Command::Save { block, offset, len })?;
         }
         Ok(())
+    }
+
+    /// Queues every range of `ranges` for transfer, as that many `save`
+    /// calls would, waking the transfer thread once. All are checked first:
+    /// one bad range refuses the call and nothing is queued.
+    /// (The ranges are walked twice: to check, then to queue.)
+    pub fn save_ranges<I>(&self, ranges: I) -> Result<()>
+    where
+        I: IntoIterator<Item = SaveRange>,
+        I::IntoIter: Clone,
+    {
+        self.shared.error.check()?;
+        let ranges = ranges.into_iter();
+        for r in ranges.clone() {
+            self.ram.get(r.block)?.check_range(r.offset, r.len)?;
+        }
+        self.save_batch(ranges.map(|r| (r.block, r.offset, r.len)))
+    }
+
+    /// Queues the dirty pages of block `block` a dirty bitmap names: bit
+    /// `i % 64` of `bitmap[i / 64]` stands for page `first_page + i` of
+    /// `page_size` bytes, for `i` below `page_count` (later bits are
+    /// ignored). Each run of set bits is one range; the transfer thread is
+    /// woken once. The pages must lie inside the block, and `bitmap` must
+    /// hold `page_count` bits.
+    pub fn save_bitmap(
+        &self,
+        block: u32,
+        bitmap: &[u64],
+        first_page: u64,
+        page_count: u64,
+        page_size: u64,
+    ) -> Result<()> {
+        self.shared.error.check()?;
+        let bad = |what: String| Error::new(ErrorKind::InvalidArgument, what);
+        if page_size == 0 {
+            return Err(bad("page size 0".into()));
+        }
+        if (bitmap.len() as u64) < page_count.div_ceil(64) {
+            return Err(bad(format!("a bitmap of {} words cannot hold {page_count} pages", bitmap.len())));
+        }
+        let span = |pages: u64| pages.checked_mul(page_size).ok_or_else(|| bad("the pages overflow 64 bits".into()));
+        self.ram.get(block)?.check_range(span(first_page)?, span(page_count)?)?;
+        let base = first_page * page_size;
+        self.save_batch(
+            bitmap_runs(bitmap, page_count).map(|(first, pages)| (block, base + first * page_size, pages * page_size)),
+        )
+    }
+
+    /// Queues checked ranges, in the open window, with one wake-up.
+    fn save_batch(&self, ranges: impl Iterator<Item = (u32, u64, u64)>) -> Result<()> {
+        let in_window = self.in_window.read();
+        if !*in_window {
+            return Err(Error::new(ErrorKind::State, "save outside an iteration window"));
+        }
+        let queued = ranges
+            .filter(|&(_, _, len)| len > 0)
+            .try_for_each(|(block, offset, len)| self.shared.push_quietly(Command::Save { block, offset, len }));
+        self.shared.wake();
+        queued
     }
 
     /// Hints how `len` bytes at `offset` of block `block` will be sent: cold
@@ -308,8 +376,96 @@ impl Source {
     }
 }
 
+/// A range of guest RAM for [`Source::save_ranges`]: `len` bytes at `offset` of block `block`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveRange {
+    pub block: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// The runs of set bits among the first `count` bits of `bitmap`, as (first
+/// bit, length): a word at a time, looking for the next set bit, then the
+/// next clear one.
+fn bitmap_runs(bitmap: &[u64], count: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        // The first bit at or after `pos`, below `count`, that is set (or clear).
+        let next = |pos: &mut u64, set: bool| -> Option<u64> {
+            while *pos < count {
+                let word = bitmap[(*pos / 64) as usize];
+                let word = if set { word } else { !word };
+                let rest = word >> (*pos % 64);
+                if rest != 0 {
+                    let found = *pos + u64::from(rest.trailing_zeros());
+                    return (found < count).then_some(found);
+                }
+                *pos = (*pos / 64 + 1) * 64;
+            }
+            None
+        };
+        let first = next(&mut pos, true)?;
+        pos = first;
+        let end = next(&mut pos, false).unwrap_or(count);
+        pos = end;
+        Some((first, end - first))
+    })
+}
+
 impl Drop for Source {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bitmap_runs;
+
+    /// The runs a bit-by-bit walk finds.
+    fn slow_runs(bitmap: &[u64], count: u64) -> Vec<(u64, u64)> {
+        let bit = |i: u64| bitmap[(i / 64) as usize] >> (i % 64) & 1 == 1;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for i in (0..count).filter(|&i| bit(i)) {
+            match runs.last_mut() {
+                Some((first, len)) if *first + *len == i => *len += 1,
+                _ => runs.push((i, 1)),
+            }
+        }
+        runs
+    }
+
+    #[test]
+    fn bitmap_runs_match_a_bit_by_bit_walk() {
+        let words = [
+            vec![0, 0, 0],
+            vec![!0, !0, !0],
+            vec![1, 1 << 63, 1],
+            vec![1 << 63, 1, 0],
+            vec![0xF0F0_0000_0000_00FF, !0, 0x8000_0000_0000_0001],
+            vec![!0 - 1, !0 >> 1, 0x5555_5555_5555_5555],
+        ];
+        for bitmap in &words {
+            for count in [0, 1, 63, 64, 65, 100, 127, 128, 129, 191, 192] {
+                assert_eq!(
+                    bitmap_runs(bitmap, count).collect::<Vec<_>>(),
+                    slow_runs(bitmap, count),
+                    "{bitmap:x?} {count}"
+                );
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200 {
+            let bitmap: Vec<u64> = (0..5)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x & (x >> 3)
+                })
+                .collect();
+            let count = x % 321;
+            assert_eq!(bitmap_runs(&bitmap, count).collect::<Vec<_>>(), slow_runs(&bitmap, count));
+        }
     }
 }
