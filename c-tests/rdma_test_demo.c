@@ -11,9 +11,11 @@
  * 8 MiB) filled with a pseudo-random pattern except some all-zero MiB-aligned
  * regions. A writer thread keeps dirtying random pages (write first, then set
  * the page's bit in an atomic dirty bitmap) while precopy rounds send the
- * dirty pages, one rdmamig_conn_save per 4 KiB page between
- * iteration_begin/end: round 0 every page (from two threads at once), then
- * DIRTY_ROUNDS rounds of the dirty pages. Then the writer stops, a final
+ * dirty pages between iteration_begin/end: round 0 every page from two
+ * threads at once (one rdmamig_conn_save per 4 KiB page, and one
+ * rdmamig_conn_save_ranges of a MiB per range), then DIRTY_ROUNDS rounds of
+ * the dirty pages (the bitmap taken, one rdmamig_conn_save_bitmap per
+ * block). Then the writer stops, a final
  * round sends the last dirty pages (timed), and the stream carries a header,
  * a device-state blob (odd-sized puts) and the FNV-1a hash of the source's
  * whole RAM (writev_buffer of the stream callbacks); flush, close.
@@ -414,6 +416,7 @@ struct source {
     struct guest g;
     rdmamig_conn *conn;
     _Atomic uint64_t *dirty; /* one bit per page */
+    uint64_t *taken;         /* the bits a round took from `dirty` */
     uint64_t dirty_words;
     atomic_bool stop;
     _Atomic uint64_t dirtied; /* pages, by the writer */
@@ -455,11 +458,31 @@ struct saver {
     rdmamig_status st;
 };
 
+/* Part 0 saves its MiBs a page per call, part 1 as one array of ranges (a MiB each). */
 static void *saver_main(void *arg) {
     struct saver *sv = arg;
+    const struct guest *g = &sv->s->g;
     sv->st = RDMAMIG_OK;
-    for (uint64_t p = 0; p < sv->s->g.pages && sv->st == RDMAMIG_OK; p++)
-        if ((int)((p * PAGE / MIB) % 2) == sv->part) sv->st = save_page(sv->s, p);
+    if (sv->part == 0) {
+        for (uint64_t p = 0; p < g->pages && sv->st == RDMAMIG_OK; p++)
+            if ((p * PAGE / MIB) % 2 == 0) sv->st = save_page(sv->s, p);
+        return NULL;
+    }
+    size_t n = 0;
+    rdmamig_range *ranges = calloc(g->pages * PAGE / MIB, sizeof *ranges);
+    if (!ranges) {
+        sv->st = RDMAMIG_ERR_INVALID_ARGUMENT;
+        return NULL;
+    }
+    for (uint64_t p = 0; p < g->pages; p += MIB / PAGE) {
+        if ((p * PAGE / MIB) % 2 == 0) continue;
+        int b;
+        uint64_t off;
+        page_locate(g, p, &b, &off);
+        ranges[n++] = (rdmamig_range){.block = g->blocks[b].index, .offset = off, .length = MIB};
+    }
+    sv->st = rdmamig_conn_save_ranges(sv->s->conn, ranges, n);
+    free(ranges);
     return NULL;
 }
 
@@ -479,14 +502,16 @@ static int source_round(struct source *s, int all, uint64_t *sent) {
         for (int i = 0; i < 2; i++) TRY(s->conn, sv[i].st);
         *sent = s->g.pages;
     } else {
+        /* The dirty bits taken, then each block's slice in one call (blocks
+         * are whole MiBs, so each starts on a word). */
         for (uint64_t w = 0; w < s->dirty_words; w++) {
-            uint64_t bits = atomic_exchange_explicit(&s->dirty[w], 0, memory_order_acquire);
-            while (bits) {
-                int bit = __builtin_ctzll(bits);
-                bits &= bits - 1;
-                TRY(s->conn, save_page(s, w * 64 + (uint64_t)bit));
-                (*sent)++;
-            }
+            s->taken[w] = atomic_exchange_explicit(&s->dirty[w], 0, memory_order_acquire);
+            *sent += (uint64_t)__builtin_popcountll(s->taken[w]);
+        }
+        for (int b = 0; b < 2; b++) {
+            const struct block *bl = &s->g.blocks[b];
+            TRY(s->conn, rdmamig_conn_save_bitmap(s->conn, bl->index, s->taken + bl->first_page / 64, 0,
+                                                  bl->len / PAGE, PAGE));
         }
     }
     TRY(s->conn, rdmamig_conn_iteration_end(s->conn));
@@ -515,6 +540,15 @@ static int source_self_checks(struct source *s, int in_window) {
             return -1;
         if (expect_error(rdmamig_conn_save(s->conn, 1, VRAM_MIB * MIB - PAGE, 2 * PAGE),
                          RDMAMIG_ERR_INVALID_ARGUMENT, s->conn, "outside", "rdmamig_conn_save past the block end") != 0)
+            return -1;
+        rdmamig_range bad = {.block = 0, .reserved = 1, .offset = 0, .length = PAGE};
+        if (expect_error(rdmamig_conn_save_ranges(s->conn, &bad, 1), RDMAMIG_ERR_INVALID_ARGUMENT, s->conn,
+                         "reserved", "rdmamig_conn_save_ranges with reserved != 0") != 0)
+            return -1;
+        const uint64_t one = 1;
+        if (expect_error(rdmamig_conn_save_bitmap(s->conn, 1, &one, VRAM_MIB * MIB / PAGE, 1, PAGE),
+                         RDMAMIG_ERR_INVALID_ARGUMENT, s->conn, "outside",
+                         "rdmamig_conn_save_bitmap past the block end") != 0)
             return -1;
         return expect_error(rdmamig_conn_iteration_begin(s->conn), RDMAMIG_ERR_STATE, s->conn, "open",
                             "rdmamig_conn_iteration_begin twice");
@@ -552,8 +586,9 @@ static int source(unsigned mib, int pin_all, uint16_t port) {
 
     s.dirty_words = (s.g.pages + 63) / 64;
     s.dirty = calloc(s.dirty_words, sizeof *s.dirty);
+    s.taken = calloc(s.dirty_words, sizeof *s.taken);
     blob = malloc(BLOB_SIZE);
-    if (!cfg || !s.dirty || !blob || guest_map(&s.g, -1) != 0) goto fail;
+    if (!cfg || !s.dirty || !s.taken || !blob || guest_map(&s.g, -1) != 0) goto fail;
     guest_pattern(&s.g);
     blob_fill(blob, BLOB_SIZE);
     ram = guest_registry(&s.g, 0);
@@ -649,6 +684,7 @@ fail:
     rdmamig_config_free(cfg);
     free(blob);
     free((void *)s.dirty);
+    free(s.taken);
     guest_unmap(&s.g);
     return rc;
 }
