@@ -96,45 +96,40 @@ impl Recording {
         w.inner.write_all(&sum).and_then(|()| w.inner.flush()).map_err(io_error)
     }
 
-    /// Reads a recording written by [`write_to`](Self::write_to): every
-    /// field checked, the checksum first.
-    pub fn read_from(mut input: impl Read) -> Result<Recording> {
-        let mut data = Vec::new();
-        input.read_to_end(&mut data).map_err(io_error)?;
-        let body_len = data.len().checked_sub(CHECKSUM_LEN).ok_or_else(|| bad("shorter than its checksum"))?;
-        let (body, sum) = data.split_at(body_len);
-        let mut r = Cursor(body);
-        if r.take(MAGIC.len())? != MAGIC {
+    /// Reads a recording written by [`write_to`](Self::write_to), field by
+    /// field (no more memory than the recording itself), every field
+    /// checked, then the checksum and the end of the input.
+    pub fn read_from(input: impl Read) -> Result<Recording> {
+        let mut r = Fields { input: io::BufReader::new(input), hash: Sha256::new() };
+        if &r.array::<8>()? != MAGIC {
             return Err(bad("no RDMAMREC magic"));
         }
         let version = r.u32()?;
         if version != FORMAT_VERSION {
             return Err(bad(format!("format version {version}, this library reads {FORMAT_VERSION}")));
         }
-        if Sha256::digest(body).as_slice() != sum {
-            return Err(bad("checksum mismatch (truncated or changed)"));
-        }
         let flags = r.u32()?;
         if flags & !FLAG_PIN_ALL != 0 {
             return Err(bad(format!("unknown flags {flags:#x}")));
         }
         let mut layout = Vec::new();
-        for _ in 0..r.count(2 + 1 + 16)? {
-            let name_len = r.u16()? as usize;
-            let name = std::str::from_utf8(r.take(name_len)?).map_err(|_| bad("a block name is not UTF-8"))?;
-            if name.is_empty() || name_len > 255 {
+        for _ in 0..r.u32()? {
+            let name_len = r.u16()?;
+            let name =
+                String::from_utf8(r.bytes(u64::from(name_len))?).map_err(|_| bad("a block name is not UTF-8"))?;
+            if name.is_empty() || name.len() > 255 {
                 return Err(bad(format!("block name {name:?} is not 1 to 255 bytes")));
             }
-            layout.push((name.to_owned(), r.u64()?, r.u64()?));
+            layout.push((name, r.u64()?, r.u64()?));
         }
         let stream_len = r.u64()?;
-        let stream = r.take(usize::try_from(stream_len).map_err(|_| bad("stream length"))?)?.to_vec();
+        let stream = r.bytes(stream_len)?;
         let mut windows = Vec::new();
-        for _ in 0..r.count(8 + 8 + 4)? {
+        for _ in 0..r.u32()? {
             let (stream_begin, stream_end) = (r.u64()?, r.u64()?);
             let mut ranges = Vec::new();
-            for _ in 0..r.count(1 + 4 + 8 + 8)? {
-                let kind = match r.take(1)?[0] {
+            for _ in 0..r.u32()? {
+                let kind = match r.array::<1>()?[0] {
                     1 => RangeKind::Registered,
                     2 => RangeKind::Zeroed,
                     k => return Err(bad(format!("range kind {k}"))),
@@ -145,11 +140,16 @@ impl Recording {
         }
         let mut blocks = Vec::new();
         for (name, offset, length) in layout {
-            let ram = r.take(usize::try_from(length).map_err(|_| bad("block length"))?)?.to_vec();
-            blocks.push(RecordedBlock { name, offset, ram });
+            blocks.push(RecordedBlock { name, offset, ram: r.bytes(length)? });
         }
-        if !r.0.is_empty() {
-            return Err(bad(format!("{} bytes after the RAM", r.0.len())));
+        let sum = r.hash.clone().finalize();
+        let mut stored = [0u8; CHECKSUM_LEN];
+        r.input.read_exact(&mut stored).map_err(|_| bad("ends before its checksum"))?;
+        if sum.as_slice() != stored {
+            return Err(bad("checksum mismatch (changed or cut)"));
+        }
+        if r.input.read(&mut [0u8; 1]).map_err(io_error)? != 0 {
+            return Err(bad("bytes after the checksum"));
         }
         let recording = Recording { pin_all: flags & FLAG_PIN_ALL != 0, blocks, stream, windows };
         recording.check().map_err(|e| bad(e.message))?;
@@ -157,38 +157,44 @@ impl Recording {
     }
 }
 
-/// Reads fields off the front of a byte slice.
-struct Cursor<'a>(&'a [u8]);
+/// Reads fields off the input, hashing every byte read.
+struct Fields<R: Read> {
+    input: R,
+    hash: Sha256,
+}
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if n > self.0.len() {
-            return Err(bad(format!("ends early: {n} bytes wanted, {} left", self.0.len())));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+impl<R: Read> Fields<R> {
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut b = [0u8; N];
+        self.input.read_exact(&mut b).map_err(|_| bad("ends early"))?;
+        self.hash.update(b);
+        Ok(b)
     }
 
     fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+        Ok(u16::from_le_bytes(self.array()?))
     }
 
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+        Ok(u32::from_le_bytes(self.array()?))
     }
 
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+        Ok(u64::from_le_bytes(self.array()?))
     }
 
-    /// A count of items of at least `min_item` bytes each: no more than the bytes left could hold.
-    fn count(&mut self, min_item: usize) -> Result<u32> {
-        let n = self.u32()?;
-        if n as usize > self.0.len() / min_item {
-            return Err(bad(format!("a count of {n} items does not fit in the {} bytes left", self.0.len())));
+    /// `n` bytes. The buffer is reserved up front (a false length reserves
+    /// address space, never touched, and fails once the input ends).
+    fn bytes(&mut self, n: u64) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        let len = usize::try_from(n).map_err(|_| bad(format!("a length of {n} bytes")))?;
+        v.try_reserve_exact(len).map_err(|_| bad(format!("a length of {n} bytes")))?;
+        (&mut self.input).take(n).read_to_end(&mut v).map_err(io_error)?;
+        if v.len() != len {
+            return Err(bad(format!("ends early: {len} bytes wanted, {} there", v.len())));
         }
-        Ok(n)
+        self.hash.update(&v);
+        Ok(v)
     }
 }
 
@@ -243,6 +249,9 @@ mod tests {
         }
         let e = Recording::read_from(&data[..data.len() - 1]).unwrap_err();
         assert!(e.message.contains("checksum"), "{e}");
+        let mut longer = data.clone();
+        longer.push(0);
+        assert!(Recording::read_from(&longer[..]).unwrap_err().message.contains("after the checksum"));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::engine::{Config, Destination, Ending, Event, Listener, RamBlocks, Read, Source};
+use crate::engine::{Config, Destination, Ending, Event, Listener, RamBlocks, Read, SaveRange, Source};
 use crate::{Error, ErrorKind, Result};
 
 pub use format::FORMAT_VERSION;
@@ -113,9 +113,9 @@ impl Recording {
         let mut ram: Vec<Vec<u8>> = layout.iter().map(|b| vec![0u8; b.length as usize]).collect();
         let mut registry = RamBlocks::new();
         for (b, mem) in layout.iter().zip(&mut ram) {
-            // SAFETY: `ram` is neither touched nor dropped until `close` below has
-            // stopped the destination (the only writer); a `?` return before it
-            // drops `dest` first (declared later), whose Drop closes it too.
+            // SAFETY: the destination (the only writer) is stopped before `ram`
+            // is read or dropped: by `close` below, or, on an early return, by
+            // its Drop (`dest` is declared after `ram`, so it drops first).
             unsafe { registry.add(&b.name, mem.as_mut_ptr(), b.offset, b.length)? };
         }
         let events = Arc::new(Mutex::new(Vec::new()));
@@ -174,9 +174,7 @@ impl Recording {
         for w in &self.windows {
             source.put(&self.stream[sent..w.stream_begin as usize])?;
             source.iteration_begin()?;
-            for r in &w.ranges {
-                source.save(r.block, r.offset, r.len)?;
-            }
+            source.save_ranges(w.ranges.iter().map(|r| SaveRange { block: r.block, offset: r.offset, len: r.len }))?;
             // Held back by the source until the window is closed, as they were sent.
             source.put(&self.stream[w.stream_begin as usize..w.stream_end as usize])?;
             source.iteration_end()?;
