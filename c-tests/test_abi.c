@@ -87,6 +87,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_allow_source(NULL, "192.0.2.1"), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_tos(NULL, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_return_path(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_max_bandwidth(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -115,6 +116,8 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK); /* DSCP 26, ECN 10 */
     CHECK_STATUS(rdmamig_config_set_tos(c, 0), RDMAMIG_OK);    /* the kernel's default */
     CHECK_STATUS(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_max_bandwidth(c, 100u << 20), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_max_bandwidth(c, 0), RDMAMIG_OK); /* no cap */
     rdmamig_config_free(c);
     /* No connection, no worker: nothing to wait for. */
     CHECK_STATUS(rdmamig_unregister_flush(), RDMAMIG_OK);
@@ -194,6 +197,7 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_iteration_end(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_put(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_put_return(NULL, mem, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_set_max_bandwidth(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_range range = {0};
     CHECK_STATUS(rdmamig_conn_save_ranges(NULL, &range, 1), RDMAMIG_ERR_NULL_PARAMETER);
     static const uint64_t bits[2] = {1, 1};

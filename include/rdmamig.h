@@ -235,7 +235,8 @@ typedef struct rdmamig_config rdmamig_config;
  *
  * Thread safety: the functions that take a `const rdmamig_conn *`
  * (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
- * `rdmamig_conn_put_return`, `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
+ * `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
+ * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
  * `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
  * `rdmamig_conn_error_message`) may run at the same
  * time, from any threads. Every other function, and the callbacks of
@@ -610,6 +611,14 @@ rdmamig_status rdmamig_config_set_auth_key(rdmamig_config *config, const uint8_t
 rdmamig_status rdmamig_config_allow_source(rdmamig_config *config, const char *prefix);
 
 /**
+ * Source: the most bytes per second of RAM and stream to send (QEMU's
+ * `max-bandwidth`), averaged over each busy stretch (idle time earns no
+ * burst); 0 (the default): no cap. `rdmamig_conn_set_max_bandwidth` changes
+ * it during a migration.
+ */
+rdmamig_status rdmamig_config_set_max_bandwidth(rdmamig_config *config, uint64_t bytes_per_second);
+
+/**
  * The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
  * (ECN 01 or 10 makes them ECN-capable). The source's value marks both
  * directions, data and ACKs: the destination's side of a connection takes
@@ -761,6 +770,15 @@ rdmamig_status rdmamig_conn_save_bitmap(const rdmamig_conn *conn,
                                         uint64_t first_page,
                                         uint64_t page_count,
                                         uint64_t page_size);
+
+/**
+ * Source: caps the rate at which RAM and stream bytes go out, in bytes per
+ * second (0: no cap), from the next write on (see
+ * `rdmamig_config_set_max_bandwidth`).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`.
+ */
+rdmamig_status rdmamig_conn_set_max_bandwidth(const rdmamig_conn *conn, uint64_t bytes_per_second);
 
 /**
  * Source: hints how `length` bytes at `offset` of block `block` will be

@@ -69,6 +69,11 @@ pub struct Config {
     /// opens it gives up after 5 s without this. Not used with an rdmamig
     /// source, which opens none; a source refuses this setting.
     pub return_path: bool,
+    /// Source: the most bytes per second of RAM and stream to send (QEMU's
+    /// `max-bandwidth`, which counts the same), averaged over each busy
+    /// stretch: idle time earns no burst. `None`: as fast as the link goes.
+    /// `Source::set_max_bandwidth` changes it during a migration.
+    pub max_bandwidth: Option<u64>,
 }
 
 impl Default for Config {
@@ -85,6 +90,7 @@ impl Default for Config {
             allowed_sources: Vec::new(),
             tos: 0,
             return_path: false,
+            max_bandwidth: None,
         }
     }
 }

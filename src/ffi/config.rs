@@ -225,6 +225,22 @@ pub extern "C" fn rdmamig_config_allow_source(config: *mut rdmamig_config, prefi
     }
 }
 
+/// Source: the most bytes per second of RAM and stream to send (QEMU's
+/// `max-bandwidth`), averaged over each busy stretch (idle time earns no
+/// burst); 0 (the default): no cap. `rdmamig_conn_set_max_bandwidth` changes
+/// it during a migration.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_max_bandwidth(
+    config: *mut rdmamig_config,
+    bytes_per_second: u64,
+) -> rdmamig_status {
+    ffi_boundary! {
+        let config = try_mut!(config);
+        config.max_bandwidth = (bytes_per_second != 0).then_some(bytes_per_second);
+        rdmamig_status::RDMAMIG_OK
+    }
+}
+
 /// The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
 /// (ECN 01 or 10 makes them ECN-capable). The source's value marks both
 /// directions, data and ACKs: the destination's side of a connection takes
@@ -263,6 +279,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_max_bandwidth(c, 100 << 20), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -278,12 +295,14 @@ mod tests {
                 allowed_sources: Vec::new(),
                 tos: 0x6a,
                 return_path: true,
+                max_bandwidth: Some(100 << 20),
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_max_bandwidth(c, 0), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
-        assert_eq!((got.liveness, got.pin_budget), (None, None));
+        assert_eq!((got.liveness, got.pin_budget, got.max_bandwidth), (None, None, None));
         rdmamig_config_free(c);
     }
 
@@ -320,6 +339,7 @@ mod tests {
         assert_eq!(rdmamig_config_allow_source(n, c"::1".as_ptr()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_tos(n, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_return_path(n, true), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_max_bandwidth(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);
     }
 }

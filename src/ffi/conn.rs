@@ -30,7 +30,8 @@ use std::sync::Arc;
 ///
 /// Thread safety: the functions that take a `const rdmamig_conn *`
 /// (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
-/// `rdmamig_conn_put_return`, `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
+/// `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
+/// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
 /// `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
 /// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
@@ -440,6 +441,23 @@ pub extern "C" fn rdmamig_conn_save_bitmap(
                 .map_err(|_| Failure::invalid(format!("{F}: page_count {page_count} is too large")))?;
             let bitmap = items(bitmap, words, F, "bitmap")?;
             Ok(c.source(F)?.save_bitmap(block, bitmap, first_page, page_count, page_size)?)
+        })
+    }
+}
+
+/// Source: caps the rate at which RAM and stream bytes go out, in bytes per
+/// second (0: no cap), from the next write on (see
+/// `rdmamig_config_set_max_bandwidth`).
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_set_max_bandwidth(conn: *const rdmamig_conn, bytes_per_second: u64) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_set_max_bandwidth";
+        let conn = conn_ref!(conn, F);
+        conn.run(|c| {
+            c.source(F)?.set_max_bandwidth((bytes_per_second != 0).then_some(bytes_per_second));
+            Ok(())
         })
     }
 }

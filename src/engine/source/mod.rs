@@ -4,10 +4,11 @@
 //! (`chunks`), posts RDMA WRITEs and sends control messages.
 
 mod chunks;
+mod pacing;
 mod staging;
 mod transfer;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::Instant;
@@ -66,6 +67,8 @@ struct Shared {
     error: StickyError,
     counters: Arc<Counters>,
     closing: AtomicBool,
+    /// The bandwidth cap in bytes per second (0: none); the transfer thread paces by it.
+    max_bandwidth: AtomicU64,
 }
 
 impl Shared {
@@ -140,6 +143,7 @@ impl Source {
             error: StickyError::default(),
             counters,
             closing: AtomicBool::new(false),
+            max_bandwidth: AtomicU64::new(config.max_bandwidth.unwrap_or(0)),
         });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
@@ -266,6 +270,13 @@ impl Source {
             self.shared.push(Command::Hint { block, offset, len, hint })?;
         }
         Ok(())
+    }
+
+    /// Caps the rate at which RAM and stream bytes go out, in bytes per
+    /// second (`None`: no cap), from the next write on; may be called at any
+    /// time, from any thread (see `Config::max_bandwidth`).
+    pub fn set_max_bandwidth(&self, bytes_per_second: Option<u64>) {
+        self.shared.max_bandwidth.store(bytes_per_second.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// The unregistration worker this connection uses (`None`: it

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::Instant;
 
 use super::chunks::{ChunkKey, ChunkState};
+use super::pacing::Pacer;
 use super::staging::Staging;
 use super::{Command, Shared};
 use crate::engine::link::{protocol_error as protocol, Link};
@@ -93,6 +94,7 @@ pub(super) struct Engine {
     signalled: VecDeque<u64>,
     /// Writes and bytes posted since the last signalled write.
     unsignalled: (u64, u64),
+    pacer: Pacer,
 }
 
 impl Engine {
@@ -130,6 +132,7 @@ impl Engine {
             inflight_bytes: 0,
             signalled: VecDeque::new(),
             unsignalled: (0, 0),
+            pacer: Pacer::new(),
         })
     }
 
@@ -211,6 +214,7 @@ impl Engine {
                 self.save(block, offset, len)
             }
             Command::Stream(data) => {
+                self.pace(data.len() as u64)?;
                 self.link.post_message(CommandType::QemuFile, |w| w.push_bytes(&data))?;
                 Counters::add(&self.shared.counters.stream_bytes, data.len() as u64);
                 Ok(())
@@ -469,6 +473,7 @@ impl Engine {
     /// Posts one RDMA WRITE, registering the local chunk if needed (or
     /// staging its bytes when the chunk is not to be pinned).
     fn write(&mut self, p: Piece) -> Result<()> {
+        self.pace(p.len)?;
         self.make_room(p.len)?;
         let state = &self.blocks[p.block as usize];
         let guest = self.ram.blocks()[p.block as usize].host_ptr(p.offset);
@@ -504,6 +509,19 @@ impl Engine {
         self.inflight.push_back((seq, p.len));
         self.inflight_bytes += p.len;
         Counters::add(&self.shared.counters.bytes_written, p.len);
+        Ok(())
+    }
+
+    /// Waits until `bytes` more may go under the bandwidth cap, tending the
+    /// connection meanwhile (completions, peer events, liveness, abort).
+    fn pace(&mut self, bytes: u64) -> Result<()> {
+        let rate = self.shared.max_bandwidth.load(Ordering::Relaxed);
+        let until = Instant::now() + self.pacer.delay(rate, bytes);
+        while let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+            thread::sleep(left.min(std::time::Duration::from_millis(20)));
+            self.link.check_stop("the bandwidth cap")?;
+            self.link.tend()?;
+        }
         Ok(())
     }
 
