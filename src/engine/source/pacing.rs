@@ -14,11 +14,10 @@ impl Pacer {
         Pacer { due: Instant::now() }
     }
 
-    /// How long to wait before `bytes` more may go at `rate` bytes per
-    /// second (0: no cap); counts them as sent from then on. Time spent
-    /// idle earns no burst.
-    pub fn delay(&mut self, rate: u64, bytes: u64) -> Duration {
-        let now = Instant::now();
+    /// How long after `now` to wait before `bytes` more may go at `rate`
+    /// bytes per second (0: no cap); counts them as sent from then on. Time
+    /// spent idle earns no burst.
+    pub fn delay(&mut self, now: Instant, rate: u64, bytes: u64) -> Duration {
         if rate == 0 {
             self.due = now;
             return Duration::ZERO;
@@ -35,18 +34,17 @@ mod tests {
 
     #[test]
     fn bytes_are_spaced_at_the_rate_and_idle_time_earns_nothing() {
-        let mut p = Pacer::new();
-        assert_eq!(p.delay(1000, 500), Duration::ZERO, "the first bytes go at once");
-        let d = p.delay(1000, 500);
-        assert!(d > Duration::from_millis(490) && d <= Duration::from_millis(500), "{d:?}");
-        let d = p.delay(1000, 1);
-        assert!(d > Duration::from_millis(990) && d <= Duration::from_millis(1000), "{d:?}");
-        assert_eq!(p.delay(0, 1 << 30), Duration::ZERO, "no cap: at once, whatever was paced before");
-        assert_eq!(p.delay(1000, 1), Duration::ZERO, "and nothing owed after it");
-        let mut idle = Pacer::new();
-        idle.due -= Duration::from_secs(10);
-        assert_eq!(idle.delay(1000, 1000), Duration::ZERO);
-        let d = idle.delay(1000, 1000);
-        assert!(d > Duration::from_millis(990), "no credit for the idle 10 s: {d:?}");
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut p = Pacer { due: t0 };
+        assert_eq!(p.delay(t0, 1000, 500), Duration::ZERO, "the first bytes go at once");
+        assert_eq!(p.delay(t0, 1000, 500), ms(500));
+        assert_eq!(p.delay(t0 + ms(100), 1000, 1), ms(900), "waits out what was sent before");
+        assert_eq!(p.delay(t0 + ms(100), 0, 1 << 30), Duration::ZERO, "no cap: at once, whatever was paced before");
+        assert_eq!(p.delay(t0 + ms(100), 1000, 1), Duration::ZERO, "and nothing owed after it");
+        // Ten idle seconds later: the first bytes go at once, the next wait their full time.
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(p.delay(later, 1000, 1000), Duration::ZERO);
+        assert_eq!(p.delay(later, 1000, 1000), ms(1000), "no credit for the idle time");
     }
 }

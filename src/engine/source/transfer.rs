@@ -516,7 +516,8 @@ impl Engine {
     /// connection meanwhile (completions, peer events, liveness, abort).
     fn pace(&mut self, bytes: u64) -> Result<()> {
         let rate = self.shared.max_bandwidth.load(Ordering::Relaxed);
-        let until = Instant::now() + self.pacer.delay(rate, bytes);
+        let now = Instant::now();
+        let until = now + self.pacer.delay(now, rate, bytes);
         while let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
             thread::sleep(left.min(std::time::Duration::from_millis(20)));
             self.link.check_stop("the bandwidth cap")?;
