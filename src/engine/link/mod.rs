@@ -123,6 +123,12 @@ pub(crate) struct Link {
     posted: [bool; 2],
     /// No control SEND is in flight.
     send_done: bool,
+    /// Writes posted before the control SEND in flight: its completion
+    /// proves them complete (send-queue completions are in order).
+    send_fence: u64,
+    /// A request whose response is still to come (`begin_request`): the
+    /// response it expects, and until when.
+    pending: Option<(CommandType, Option<Instant>)>,
     /// The source must take a READY before its next SEND.
     ready_expected: bool,
     /// The destination sent READY and has not received the message it allows:
@@ -168,6 +174,8 @@ impl Link {
             received: [None; 2],
             posted: [false; 2],
             send_done: true,
+            send_fence: 0,
+            pending: None,
             ready_expected: true,
             ready_granted: false,
             aborting: false,
@@ -272,7 +280,7 @@ impl Link {
         } else if id == WRID_SEND_CONTROL {
             self.send_done = true;
             // Send-queue completions are in order: every write before this SEND is done too.
-            self.writes_completed = self.writes_posted;
+            self.writes_completed = self.writes_completed.max(self.send_fence);
         } else if let Some(slot) = WRID_RECV.iter().position(|&w| w == id) {
             self.posted[slot] = false;
             self.received[slot] = Some(wc.byte_len());
@@ -366,14 +374,27 @@ impl Link {
         deadline: Option<Instant>,
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
+        self.post_send(kind, deadline, build)?;
+        self.wait_until("a control SEND to complete", deadline, |l| l.send_done)
+    }
+
+    /// Posts one control SEND without waiting for its completion (the next
+    /// SEND waits, before it reuses the buffer).
+    fn post_send(
+        &mut self,
+        kind: CommandType,
+        deadline: Option<Instant>,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+    ) -> Result<()> {
+        self.wait_until("a control SEND to complete", deadline, |l| l.send_done)?;
         let mut writer = MessageWriter::new(&mut self.send.mem.0, kind);
         build(&mut writer).map_err(encode_error)?;
         let len = writer.finish();
         let sge = self.send.sge(len);
         self.send_done = false;
-        // SAFETY: the send buffer is registered and not touched until the completion below.
+        self.send_fence = self.writes_posted;
+        // SAFETY: the send buffer is registered and not written again until the send completes (above).
         unsafe { self.qp.post_send(WRID_SEND_CONTROL, sge, true)? };
-        self.wait_until("a control SEND to complete", deadline, |l| l.send_done)?;
         Counters::add(&self.counters.control_messages, 1);
         Ok(())
     }
@@ -435,6 +456,7 @@ impl Link {
         kind: CommandType,
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
+        self.check_no_request()?;
         self.take_ready()?;
         self.post_recv(INCOMING)?;
         self.send(kind, build)?;
@@ -465,13 +487,88 @@ impl Link {
         expect: CommandType,
         f: impl FnOnce(&Message) -> Result<R>,
     ) -> Result<R> {
+        self.begin_request_by(deadline, kind, build, expect)?;
+        self.finish_request(f)
+    }
+
+    /// Sends a request and returns without waiting for its response (nor for
+    /// the SEND's completion): RDMA WRITEs may go on meanwhile. Take the
+    /// response with `poll_response` or `finish_request` before any other
+    /// control message: the peer grants its next credit (READY) only after
+    /// it answered, and the one response slot holds one answer.
+    pub fn begin_request(
+        &mut self,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+        expect: CommandType,
+    ) -> Result<()> {
+        let deadline = self.deadline();
+        self.begin_request_by(deadline, kind, build, expect)
+    }
+
+    fn begin_request_by(
+        &mut self,
+        deadline: Option<Instant>,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+        expect: CommandType,
+    ) -> Result<()> {
+        self.check_no_request()?;
         self.take_ready()?;
         // The response lands in the first RECV posted, the next READY in the second.
         self.post_recv(RESPONSE)?;
         self.post_recv(INCOMING)?;
-        self.send(kind, build)?;
+        self.post_send(kind, deadline, build)?;
         self.ready_expected = true;
+        self.pending = Some((expect, deadline));
+        Ok(())
+    }
+
+    /// Whether a request's response is still to come.
+    pub fn request_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// The response to the outstanding request, handed to `f`, if it has
+    /// arrived; `None` if not yet (it fails once the request's deadline
+    /// passed, as a wait would).
+    pub fn poll_response<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<Option<R>> {
+        let Some((_, deadline)) = self.pending else {
+            return Err(Error::new(ErrorKind::State, "no request is outstanding"));
+        };
+        self.check_stop("a control message from the peer")?;
+        if self.reap()? == 0 && self.received[RESPONSE].is_none() {
+            self.check_events()?;
+            self.keepalive()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("timed out after {:?} waiting for a control message from the peer", self.timeout),
+                ));
+            }
+        }
+        if self.received[RESPONSE].is_none() {
+            return Ok(None);
+        }
+        self.finish_request(f).map(Some)
+    }
+
+    /// Waits for the response to the outstanding request and hands it to `f`.
+    pub fn finish_request<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
+        let (expect, deadline) =
+            self.pending.take().ok_or_else(|| Error::new(ErrorKind::State, "no request is outstanding"))?;
         self.take_expected(RESPONSE, expect, deadline, f)
+    }
+
+    /// Refuses a control message while a request's response is still to come.
+    fn check_no_request(&self) -> Result<()> {
+        match self.pending {
+            Some((expect, _)) => Err(Error::new(
+                ErrorKind::State,
+                format!("a control message while the response {expect:?} is still to come"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Receiver side: grant one credit (READY) and wait, without a deadline,

@@ -41,6 +41,10 @@ const MERGE_SLOTS: usize = 4;
 const STAGING: u64 = 8 << 20;
 /// Zero ranges per COMPRESS message toward an rdmamig peer (QEMU applies one).
 const ZERO_BATCH: usize = 1024;
+/// How far the transfer thread reads ahead of an outstanding REGISTER
+/// request (chunks to register next, zero ranges to send): beyond this it
+/// waits for the response rather than let its lists grow with the guest.
+const RUN_AHEAD: usize = 1024;
 
 /// A contiguous range within one write unit (a chunk, or a larger span with pin-all).
 #[derive(Clone, Copy, Debug)]
@@ -82,12 +86,15 @@ pub(super) struct Engine {
     staging: Option<Staging>,
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
-    /// Zero ranges for the next COMPRESS message (rdmamig peers only), and their bytes.
+    /// Zero ranges for the next COMPRESS messages.
     zeros: Vec<Compress>,
-    zero_bytes: u64,
     /// Writes waiting for their chunk's registration, in arrival order.
     deferred: Vec<Piece>,
+    /// Chunks to ask the destination for in the next REGISTER_REQUEST.
     to_register: Vec<ChunkKey>,
+    /// Chunks asked for in the REGISTER_REQUEST whose response is still to
+    /// come (the link holds the request: `Link::request_pending`).
+    registering: Vec<ChunkKey>,
     /// (sequence, bytes) of posted writes not known to be complete.
     inflight: VecDeque<(u64, u64)>,
     inflight_bytes: u64,
@@ -125,9 +132,9 @@ impl Engine {
             staging: None,
             pending: Vec::with_capacity(MERGE_SLOTS),
             zeros: Vec::new(),
-            zero_bytes: 0,
             deferred: Vec::new(),
             to_register: Vec::new(),
+            registering: Vec::new(),
             inflight: VecDeque::new(),
             inflight_bytes: 0,
             signalled: VecDeque::new(),
@@ -183,7 +190,9 @@ impl Engine {
                 Some(cmd) => {
                     let done = cmd.done().cloned();
                     let last = matches!(cmd, Command::End(_));
-                    if let Err(e) = self.handle(cmd) {
+                    // A REGISTER response that arrived meanwhile is taken at once: its writes go out.
+                    let handled = self.handle(cmd).and_then(|()| self.poll_registration(false).map(drop));
+                    if let Err(e) = handled {
                         if let Some(d) = done {
                             d.set(Err(e.clone()));
                         }
@@ -215,6 +224,7 @@ impl Engine {
             }
             Command::Stream(data) => {
                 self.pace(data.len() as u64)?;
+                self.settle_registration()?;
                 self.link.post_message(CommandType::QemuFile, |w| w.push_bytes(&data))?;
                 Counters::add(&self.shared.counters.stream_bytes, data.len() as u64);
                 Ok(())
@@ -242,6 +252,7 @@ impl Engine {
                 Ok(())
             }
             Command::End(done) => {
+                self.settle_registration()?;
                 // What END counts comes from this thread's own counters: it sent all of it.
                 let stats = self.shared.counters.snapshot();
                 let summary = EndSummary { stream_bytes: stats.stream_bytes, windows: stats.iterations };
@@ -368,19 +379,23 @@ impl Engine {
         // First touch of an unregistered chunk: an all-zero range needs no registration.
         // SAFETY: the range was checked against the block in `Source::save`.
         if unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) } {
-            // The destination bounds the bytes one COMPRESS may zero.
-            if self.zero_bytes + p.len > MAX_COMPRESS_BYTES {
-                self.send_zeros()?;
-            }
-            self.zero_bytes += p.len;
             let entry = Compress { value: 0, block_index: p.block, offset: dest_offset + p.offset, length: p.len };
+            // Merged only toward an rdmamig peer: QEMU takes one range inside one chunk.
+            let merges = self.link.negotiated.extensions;
             match self.zeros.last_mut() {
-                Some(z) if z.block_index == entry.block_index && z.offset + z.length == entry.offset => {
+                Some(z)
+                    if merges
+                        && z.block_index == entry.block_index
+                        && z.offset + z.length == entry.offset
+                        && z.length + entry.length <= MAX_COMPRESS_BYTES =>
+                {
                     z.length += entry.length
                 }
                 _ => self.zeros.push(entry),
             }
-            if self.zeros.len() >= self.zero_batch() {
+            // Sent once a message is full, or later if a REGISTER response is
+            // still to come (the control channel is busy until then).
+            if self.zeros.len() >= self.zero_batch() && !self.link.request_pending() || self.zeros.len() >= RUN_AHEAD {
                 self.send_zeros()?;
             }
             return Ok(());
@@ -388,21 +403,36 @@ impl Engine {
         self.blocks[p.block as usize].chunks[chunk].awaiting = true;
         self.to_register.push((p.block, chunk));
         self.deferred.push(p);
-        if self.to_register.len() >= self.register_batch() {
-            self.register_deferred()?;
+        if !self.link.request_pending() && self.to_register.len() >= self.register_batch() {
+            self.begin_registration()?;
+        } else if self.to_register.len() >= RUN_AHEAD {
+            self.poll_registration(true)?;
         }
         Ok(())
     }
 
-    /// Sends the batched zero ranges in one COMPRESS message.
+    /// Sends the batched zero ranges, in COMPRESS messages of at most
+    /// `zero_batch` ranges and `MAX_COMPRESS_BYTES` (the destination's bound).
     fn send_zeros(&mut self) -> Result<()> {
-        if self.zeros.is_empty() {
-            return Ok(());
-        }
+        self.settle_registration()?;
         let zeros = std::mem::take(&mut self.zeros);
-        self.zero_bytes = 0;
-        self.link.post_message(CommandType::Compress, |w| zeros.iter().try_for_each(|z| w.push(z)))?;
-        Counters::add(&self.shared.counters.zero_chunks, zeros.len() as u64);
+        let mut rest = &zeros[..];
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let n = rest
+                .iter()
+                .take(self.zero_batch())
+                .take_while(|z| {
+                    bytes += z.length;
+                    bytes <= MAX_COMPRESS_BYTES
+                })
+                .count()
+                .max(1);
+            let (message, later) = rest.split_at(n);
+            self.link.post_message(CommandType::Compress, |w| message.iter().try_for_each(|z| w.push(z)))?;
+            Counters::add(&self.shared.counters.zero_chunks, n as u64);
+            rest = later;
+        }
         Ok(())
     }
 
@@ -415,59 +445,105 @@ impl Engine {
         }
     }
 
-    /// Registers every awaited chunk on the destination (batched toward rdmamig
-    /// peers, one per message toward QEMU), posting each batch's deferred
-    /// writes before the next batch may unpin its chunks. Batched zero ranges
-    /// go first: a chunk's COMPRESS must precede its writes.
+    /// Registers every awaited chunk on the destination and posts their
+    /// writes, waiting for each response.
     fn register_deferred(&mut self) -> Result<()> {
-        self.send_zeros()?;
-        let batch = self.register_batch();
-        while !self.to_register.is_empty() {
-            let take = self.to_register.len().min(batch);
-            let chunks: Vec<ChunkKey> = self.to_register.drain(..take).collect();
-            let blocks = self.ram.blocks();
-            let bytes = chunks.iter().map(|&(b, c)| blocks[b as usize].chunk_range(c)).map(|(s, e)| e - s).sum();
-            self.make_remote_room(bytes)?;
-            let requests: Vec<RegisterRequest> = chunks
-                .iter()
-                .map(|&(b, c)| RegisterRequest {
-                    key: self.blocks[b as usize].dest_offset + self.ram.blocks()[b as usize].chunk_range(c).0,
-                    block_index: b,
-                    chunks: 0,
-                })
-                .collect();
-            let results: Vec<RegisterResult> = self.link.request(
-                CommandType::RegisterRequest,
-                |w| requests.iter().try_for_each(|r| w.push(r)),
-                CommandType::RegisterResult,
-                |m| m.collect_entries::<RegisterResult>().map_err(protocol),
-            )?;
-            if results.len() != chunks.len() {
-                return Err(Error::new(
-                    ErrorKind::Protocol,
-                    format!("asked to register {} chunks, the destination answered {}", chunks.len(), results.len()),
-                ));
+        loop {
+            self.settle_registration()?;
+            if self.to_register.is_empty() {
+                return Ok(());
             }
-            self.retire_completed();
-            Counters::add(&self.shared.counters.registration_round_trips, 1);
-            Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
-            for (&key, r) in chunks.iter().zip(&results) {
-                self.blocks[key.0 as usize].remote_base =
-                    placed(&self.ram.blocks()[key.0 as usize], "address", r.host_addr)?;
-                self.registered_remotely(key, r.rkey);
-            }
-            let (ready, waiting): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut self.deferred)
-                .into_iter()
-                .partition(|p| self.blocks[p.block as usize].chunks[chunk_of(p.offset)].remote_rkey.is_some());
-            self.deferred = waiting;
-            for p in ready {
-                self.write(p)?;
-            }
-            for &(b, c) in &chunks {
-                self.blocks[b as usize].chunks[c].awaiting = false;
-            }
+            self.begin_registration()?;
+        }
+    }
+
+    /// Waits for the outstanding REGISTER response (and any that taking it
+    /// begins), so that another control message may go.
+    fn settle_registration(&mut self) -> Result<()> {
+        while self.link.request_pending() {
+            self.poll_registration(true)?;
         }
         Ok(())
+    }
+
+    /// Asks the destination to register the next batch of awaited chunks
+    /// (one per request toward QEMU) without waiting for its answer: writes
+    /// to registered chunks go on meanwhile. Batched zero ranges go first:
+    /// a chunk's COMPRESS must precede its writes.
+    fn begin_registration(&mut self) -> Result<()> {
+        self.send_zeros()?;
+        let take = self.to_register.len().min(self.register_batch());
+        if take == 0 {
+            return Ok(());
+        }
+        let chunks: Vec<ChunkKey> = self.to_register.drain(..take).collect();
+        let blocks = self.ram.blocks();
+        let bytes = chunks.iter().map(|&(b, c)| blocks[b as usize].chunk_range(c)).map(|(s, e)| e - s).sum();
+        self.make_remote_room(bytes)?;
+        let requests: Vec<RegisterRequest> = chunks
+            .iter()
+            .map(|&(b, c)| RegisterRequest {
+                key: self.blocks[b as usize].dest_offset + self.ram.blocks()[b as usize].chunk_range(c).0,
+                block_index: b,
+                chunks: 0,
+            })
+            .collect();
+        self.link.begin_request(
+            CommandType::RegisterRequest,
+            |w| requests.iter().try_for_each(|r| w.push(r)),
+            CommandType::RegisterResult,
+        )?;
+        self.registering = chunks;
+        Ok(())
+    }
+
+    /// Takes the outstanding REGISTER response if it has come (`wait`: waits
+    /// for it), begins the next request, and posts the writes it allows;
+    /// returns whether it took one.
+    fn poll_registration(&mut self, wait: bool) -> Result<bool> {
+        if !self.link.request_pending() {
+            return Ok(false);
+        }
+        let parse = |m: &crate::wire::Message| m.collect_entries::<RegisterResult>().map_err(protocol);
+        let results = if wait {
+            self.link.finish_request(parse)?
+        } else {
+            match self.link.poll_response(parse)? {
+                Some(r) => r,
+                None => return Ok(false),
+            }
+        };
+        let chunks = std::mem::take(&mut self.registering);
+        if results.len() != chunks.len() {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("asked to register {} chunks, the destination answered {}", chunks.len(), results.len()),
+            ));
+        }
+        self.retire_completed();
+        Counters::add(&self.shared.counters.registration_round_trips, 1);
+        Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
+        for (&key, r) in chunks.iter().zip(&results) {
+            self.blocks[key.0 as usize].remote_base =
+                placed(&self.ram.blocks()[key.0 as usize], "address", r.host_addr)?;
+            self.registered_remotely(key, r.rkey);
+        }
+        // The next request goes out before these writes, so the destination
+        // registers while they stream.
+        if self.to_register.len() >= self.register_batch() {
+            self.begin_registration()?;
+        }
+        let (ready, waiting): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|p| self.blocks[p.block as usize].chunks[chunk_of(p.offset)].remote_rkey.is_some());
+        self.deferred = waiting;
+        for p in ready {
+            self.write(p)?;
+        }
+        for &(b, c) in &chunks {
+            self.blocks[b as usize].chunks[c].awaiting = false;
+        }
+        Ok(true)
     }
 
     /// Posts one RDMA WRITE, registering the local chunk if needed (or
