@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -179,6 +180,7 @@ static void test_migration_api_args(void) {
     CHECK(n == strlen(msg) && strstr(msg, "ram is NULL") != NULL);
     CHECK(rdmamig_last_error_message(NULL, 0) == n); /* size query */
     CHECK(rdmamig_ram_block_count(NULL) == 0);
+    CHECK_STATUS(rdmamig_ram_set_backing(NULL, 0, 0, 0), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK(rdmamig_listener_port(NULL) == 0);
     CHECK_STATUS(rdmamig_listener_cancel(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_ram_free(NULL); /* no-ops */
@@ -235,6 +237,14 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_ram_add_block(ram, NULL, mem, 0, 4096, &idx), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_ram_add_block(ram, "\xff", mem, 0, 4096, &idx), RDMAMIG_ERR_INVALID_ARGUMENT);
     CHECK(rdmamig_ram_block_count(ram) == 2);
+    /* A backing file: the block index, the descriptor and the file are checked. */
+    CHECK_STATUS(rdmamig_ram_set_backing(ram, 2, 0, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(rdmamig_ram_set_backing(ram, 0, -1, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+    int pipe_fds[2];
+    CHECK(pipe(pipe_fds) == 0); /* not a regular file */
+    CHECK_STATUS(rdmamig_ram_set_backing(ram, 0, pipe_fds[0], 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
     /* An empty registry is refused before any device is touched. */
     CHECK_STATUS(rdmamig_connect("127.0.0.1", 1, cfg, empty, &c), RDMAMIG_ERR_INVALID_ARGUMENT);
     CHECK(c == NULL);

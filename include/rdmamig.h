@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 5
+#define RDMAMIG_VERSION_MINOR 6
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -1115,6 +1115,41 @@ rdmamig_status rdmamig_ram_add_block(rdmamig_ram *ram,
                                      uint64_t offset,
                                      uint64_t length,
                                      uint32_t *index_out);
+
+/**
+ * Gives block `block_index` its backing file: `fd` is an open descriptor of
+ * the file that holds the block's memory, the block's first byte at file
+ * offset `file_offset`, mapped shared (MAP_SHARED of a memfd, a /dev/shm or
+ * hugetlbfs file: the fd of QEMU's memory backend). The file must stay that
+ * file, mapped there, for as long as any connection created with this
+ * registry exists.
+ *
+ * With it, pages the guest never wrote (the file's holes, `SEEK_HOLE`) are
+ * known without reading them, which would allocate them: a source sends
+ * them as zero ranges unread, a destination asked to zero them leaves them
+ * as they are. Without it, only private anonymous memory is known this way
+ * (from /proc/self/pagemap); other memory is read.
+ *
+ * The registry keeps a descriptor of its own (a read-only reopening through
+ * /proc/self/fd; where that is impossible a duplicate made with
+ * F_DUPFD_CLOEXEC, whose file offset `lseek` moves: the hypervisor must then
+ * not depend on `fd`'s offset), closed when the registry and every
+ * connection made with it are freed. `fd` stays the caller's.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER` when `ram` is NULL;
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` for a block index out of range, a negative
+ * or bad `fd`, a file that is not a regular file or is shorter than
+ * `file_offset` plus the block's length, a `file_offset` not placed like the
+ * block's address within a page, or (where /proc/self/maps is readable) a
+ * block whose memory is not the file mapped shared at `file_offset`. The
+ * message of a failure is available from `rdmamig_last_error_message`.
+ *
+ * Thread safety: needs exclusive use of `ram`.
+ */
+rdmamig_status rdmamig_ram_set_backing(rdmamig_ram *ram,
+                                       uint32_t block_index,
+                                       int fd,
+                                       uint64_t file_offset);
 
 /**
  * The number of blocks in the registry; 0 when `ram` is NULL (which also

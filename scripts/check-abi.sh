@@ -4,7 +4,7 @@
 #   2. abi/symbols.txt is exactly the functions declared in include/rdmamig.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
 #   4. every exported symbol carries a version node of abi/rdmamig.map
-#      (today: RDMAMIG_0.1 to RDMAMIG_0.5), none is unversioned.
+#      (today: RDMAMIG_0.1 to RDMAMIG_0.6), none is unversioned.
 #
 # Usage: scripts/check-abi.sh [LIB]         (default: target/lib/librdmamig.so.<version>)
 #        scripts/check-abi.sh --list [LIB]  print the exported symbols (make symbols)

@@ -12,6 +12,7 @@ pub(crate) mod destination;
 pub mod device;
 mod link;
 mod pin;
+mod populated;
 pub mod ram;
 mod source;
 pub mod stats;
@@ -23,7 +24,7 @@ pub use config::Config;
 pub use destination::{Destination, Observer, Read};
 pub use link::{Listener, Negotiated};
 pub use pin::{Hint, Unregistration};
-pub use ram::{RamBlock, RamBlocks};
+pub use ram::{RamBlock, RamBlocks, Run};
 pub use source::{SaveRange, Source};
 pub use stats::Stats;
 

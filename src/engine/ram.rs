@@ -5,6 +5,11 @@
 //! hypervisor's RAM address space (QEMU's ram_addr_t) and its length. Chunks are
 //! counted from each block's start, as QEMU does.
 
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use crate::engine::populated::Memory;
+pub use crate::engine::populated::Run;
 use crate::wire::{BlockSpec, CHUNK_SHIFT, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 
@@ -17,6 +22,8 @@ pub struct RamBlock {
     /// Offset of the block in the hypervisor's RAM address space.
     pub offset: u64,
     pub length: u64,
+    /// What is known of its memory (its backing file); shared by the registry's copies.
+    memory: Arc<Memory>,
 }
 
 impl RamBlock {
@@ -46,6 +53,15 @@ impl RamBlock {
     /// Host pointer to `offset` bytes into the block. The caller checked the range.
     pub fn host_ptr(&self, offset: u64) -> *mut u8 {
         (self.host + offset as usize) as *mut u8
+    }
+
+    /// The never-populated runs (which read as zero) and the others of
+    /// `[offset, offset + len)` (relative to the block start, inside it), in
+    /// order, covering the range, found without touching its memory; `None`
+    /// when the block's memory cannot tell (neither a backing file given nor
+    /// private anonymous memory): read it. See `engine::populated`.
+    pub fn populated_runs(&self, offset: u64, len: u64) -> Option<Vec<Run>> {
+        self.memory.runs(self.host, self.length, offset, len)
     }
 }
 
@@ -96,8 +112,36 @@ impl RamBlocks {
         if self.blocks.len() >= u32::MAX as usize {
             return invalid("too many blocks".into());
         }
-        self.blocks.push(RamBlock { name: name.to_owned(), host: host as usize, offset, length });
+        self.blocks.push(RamBlock {
+            name: name.to_owned(),
+            host: host as usize,
+            offset,
+            length,
+            memory: Arc::default(),
+        });
         Ok(self.blocks.len() as u32 - 1)
+    }
+
+    /// Gives block `index` its backing file: `fd`'s file holds the block's
+    /// memory from `file_offset` (the file offset of the block's first byte),
+    /// mapped shared (MAP_SHARED: memfd, /dev/shm, hugetlbfs), and must stay
+    /// that file for as long as any connection using this registry exists.
+    /// The file's holes (`SEEK_HOLE`) are then sent as zero ranges without
+    /// being read, and a destination leaves them alone when asked to zero them.
+    ///
+    /// The registry keeps its own descriptor of the file (reopened read-only
+    /// through /proc/self/fd, or else duplicated with `F_DUPFD_CLOEXEC`, which
+    /// shares the file offset: then the hypervisor must not rely on it),
+    /// closed when the registry and the connections made with it are gone;
+    /// `fd` stays the caller's. Refused when the file is not regular, is
+    /// shorter than the block, or (where /proc/self/maps is readable) is not
+    /// what is mapped shared at the block's address with that offset.
+    pub fn set_backing(&mut self, index: u32, fd: BorrowedFd<'_>, file_offset: u64) -> Result<()> {
+        let block = self.get(index)?;
+        let memory = Memory::with_backing(fd, file_offset, block.host, block.length)
+            .map_err(|e| Error::new(e.kind, format!("backing file of block '{}': {}", block.name, e.message)))?;
+        self.blocks[index as usize].memory = memory;
+        Ok(())
     }
 
     pub fn blocks(&self) -> &[RamBlock] {
@@ -143,7 +187,13 @@ mod tests {
         assert_eq!(chunk_count(CHUNK_SIZE + 1), 2);
         assert_eq!(chunk_of(CHUNK_SIZE - 1), 0);
         assert_eq!(chunk_of(CHUNK_SIZE), 1);
-        let b = RamBlock { name: "pc.ram".into(), host: 0x1000, offset: 0, length: 3 * CHUNK_SIZE / 2 };
+        let b = RamBlock {
+            name: "pc.ram".into(),
+            host: 0x1000,
+            offset: 0,
+            length: 3 * CHUNK_SIZE / 2,
+            memory: Arc::default(),
+        };
         assert_eq!(b.chunk_count(), 2);
         assert_eq!(b.chunk_range(0), (0, CHUNK_SIZE));
         assert_eq!(b.chunk_range(1), (CHUNK_SIZE, 3 * CHUNK_SIZE / 2));

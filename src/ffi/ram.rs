@@ -1,11 +1,13 @@
 //! `rdmamig_ram`: the registry of guest RAM blocks.
 
-use std::os::raw::{c_char, c_void};
+use std::os::fd::BorrowedFd;
+use std::os::raw::{c_char, c_int, c_void};
 
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
 use super::last_error::{handle_mut, opt_out, record, set_last_error, string};
 use super::status::rdmamig_status;
 use crate::engine::RamBlocks;
+use crate::{Error, ErrorKind};
 
 /// The hypervisor's guest RAM: a list of blocks, each a range of host memory
 /// with a name (QEMU's RAMBlock idstr), its offset in the hypervisor's RAM
@@ -97,6 +99,56 @@ pub extern "C" fn rdmamig_ram_add_block(
     }
 }
 
+/// Gives block `block_index` its backing file: `fd` is an open descriptor of
+/// the file that holds the block's memory, the block's first byte at file
+/// offset `file_offset`, mapped shared (MAP_SHARED of a memfd, a /dev/shm or
+/// hugetlbfs file: the fd of QEMU's memory backend). The file must stay that
+/// file, mapped there, for as long as any connection created with this
+/// registry exists.
+///
+/// With it, pages the guest never wrote (the file's holes, `SEEK_HOLE`) are
+/// known without reading them, which would allocate them: a source sends
+/// them as zero ranges unread, a destination asked to zero them leaves them
+/// as they are. Without it, only private anonymous memory is known this way
+/// (from /proc/self/pagemap); other memory is read.
+///
+/// The registry keeps a descriptor of its own (a read-only reopening through
+/// /proc/self/fd; where that is impossible a duplicate made with
+/// F_DUPFD_CLOEXEC, whose file offset `lseek` moves: the hypervisor must then
+/// not depend on `fd`'s offset), closed when the registry and every
+/// connection made with it are freed. `fd` stays the caller's.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER` when `ram` is NULL;
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` for a block index out of range, a negative
+/// or bad `fd`, a file that is not a regular file or is shorter than
+/// `file_offset` plus the block's length, a `file_offset` not placed like the
+/// block's address within a page, or (where /proc/self/maps is readable) a
+/// block whose memory is not the file mapped shared at `file_offset`. The
+/// message of a failure is available from `rdmamig_last_error_message`.
+///
+/// Thread safety: needs exclusive use of `ram`.
+#[no_mangle]
+pub extern "C" fn rdmamig_ram_set_backing(
+    ram: *mut rdmamig_ram,
+    block_index: u32,
+    fd: c_int,
+    file_offset: u64,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_ram_set_backing";
+        record(|| {
+            let ram = handle_mut(ram, F, "ram")?;
+            if fd < 0 {
+                return Err(Error::new(ErrorKind::InvalidArgument, format!("{F}: fd {fd} is not a descriptor")).into());
+            }
+            // SAFETY: `fd` is not -1 and is the caller's open descriptor for this call (the contract
+            // above); a closed one only makes the calls on it fail with EBADF.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            Ok(ram.set_backing(block_index, fd, file_offset)?)
+        })
+    }
+}
+
 /// The number of blocks in the registry; 0 when `ram` is NULL (which also
 /// sets `rdmamig_last_error_message`).
 ///
@@ -144,6 +196,44 @@ mod tests {
         assert_eq!(rdmamig_ram_add_block(ram, std::ptr::null(), host, 0, 1, &mut index), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_ram_block_count(ram), 2);
         rdmamig_ram_free(ram);
+    }
+
+    #[test]
+    fn set_backing() {
+        use std::os::fd::AsRawFd;
+        let ram = rdmamig_ram_new();
+        // SAFETY: memfd_create with a NUL-terminated name; the File owns the descriptor.
+        let file = unsafe {
+            let fd = libc::memfd_create(c"ffi-backing".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        };
+        file.set_len(1 << 20).unwrap();
+        // SAFETY: a shared mapping of the memfd, unmapped below.
+        let host = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                1 << 20,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(host, libc::MAP_FAILED);
+        assert_eq!(rdmamig_ram_add_block(ram, c"pc.ram".as_ptr(), host, 0, 1 << 20, std::ptr::null_mut()), RDMAMIG_OK);
+        assert_eq!(rdmamig_ram_set_backing(ram, 0, file.as_raw_fd(), 0), RDMAMIG_OK);
+        assert_eq!(rdmamig_ram_set_backing(ram, 1, file.as_raw_fd(), 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_ram_set_backing(ram, 0, -1, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_ram_set_backing(ram, 0, file.as_raw_fd(), 4096), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_ram_set_backing(std::ptr::null_mut(), 0, file.as_raw_fd(), 0), RDMAMIG_ERR_NULL_PARAMETER);
+        // The registry's own descriptor: the caller's may go.
+        drop(file);
+        let blocks = try_from_ptr(ram as *const rdmamig_ram).unwrap();
+        assert_eq!(blocks.blocks()[0].populated_runs(0, 1 << 20).map(|r| r.len()), Some(1), "one hole");
+        rdmamig_ram_free(ram);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(host, 1 << 20) };
     }
 
     #[test]

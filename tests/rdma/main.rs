@@ -27,4 +27,5 @@ mod qemu;
 mod replay;
 mod setup;
 mod smoke;
+mod sparse;
 mod tos;

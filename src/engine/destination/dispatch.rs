@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::engine::link::protocol_error;
-use crate::engine::ram::RamBlocks;
+use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{is_zero, validate, Ending, Event};
 use crate::wire::{
@@ -407,17 +407,11 @@ impl<R: Registrar> Dispatcher<R> {
             .map(|z| {
                 let (local, block) = validate::local_block(&self.order, &self.ram, z.block_index)?;
                 let offset = validate::block_offset(block, z.offset, z.length)?;
-                Ok((local, offset, block.host_ptr(offset)))
+                Ok((local, offset))
             })
-            .collect::<Result<Vec<(usize, u64, *mut u8)>>>()?;
-        for (z, (local, offset, ptr)) in ranges.iter().zip(targets) {
-            // SAFETY: the range was checked to lie inside a block the hypervisor keeps mapped.
-            // Already-zero memory is left untouched so untouched pages stay unallocated.
-            unsafe {
-                if !is_zero(ptr, z.length as usize) {
-                    std::ptr::write_bytes(ptr, 0, z.length as usize);
-                }
-            }
+            .collect::<Result<Vec<(usize, u64)>>>()?;
+        for (z, (local, offset)) in ranges.iter().zip(targets) {
+            zero_populated(&self.ram.blocks()[local], offset, z.length);
             Counters::add(&self.counters.zero_chunks, 1);
             self.observe(Event::Zeroed { block: local, offset, len: z.length });
         }
@@ -432,6 +426,30 @@ impl<R: Registrar> Dispatcher<R> {
         });
         for reg in self.whole.into_iter().flatten().chain(owners) {
             registrar.release_remote(reg);
+        }
+    }
+}
+
+/// Zeroes `len` bytes at `offset` of `block` (checked to lie inside it) without
+/// allocating memory: never-populated pages already read as zero and are not
+/// touched (`RamBlock::populated_runs`), and of the others only the 4 KiB
+/// pages that are not already zero are written.
+fn zero_populated(block: &RamBlock, offset: u64, len: u64) {
+    const PAGE: u64 = 4096;
+    let runs = block.populated_runs(offset, len);
+    let populated = runs.unwrap_or_else(|| vec![Run { start: offset, end: offset + len, populated: true }]);
+    for r in populated.into_iter().filter(|r| r.populated) {
+        let mut at = r.start;
+        while at < r.end {
+            let end = (((block.host as u64 + at) / PAGE + 1) * PAGE - block.host as u64).min(r.end);
+            let ptr = block.host_ptr(at);
+            // SAFETY: the range lies inside a block the hypervisor keeps mapped (checked by the caller).
+            unsafe {
+                if !is_zero(ptr, (end - at) as usize) {
+                    std::ptr::write_bytes(ptr, 0, (end - at) as usize);
+                }
+            }
+            at = end;
         }
     }
 }
@@ -617,5 +635,55 @@ mod tests {
                 Event::Unregistered { block: 0, offset: MIB, len: 2 * MIB },
             ]
         );
+    }
+
+    /// A zero range over a shared memfd: data pages zeroed, holes left holes (nothing allocated).
+    #[test]
+    fn zeroing_leaves_never_populated_pages_alone() {
+        use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        const PAGE: u64 = 4096;
+        let pages = 32u64;
+        // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned by the File.
+        let file = unsafe {
+            let fd = libc::memfd_create(c"zero-test".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            std::fs::File::from_raw_fd(fd)
+        };
+        file.set_len(pages * PAGE).unwrap();
+        for p in [1u64, 2, 9] {
+            file.write_all_at(&[7; 64], p * PAGE + 100).unwrap();
+        }
+        // SAFETY: a shared mapping of the memfd, unmapped below.
+        let host = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                (pages * PAGE) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            p as *mut u8
+        };
+        let mut ram = RamBlocks::new();
+        // SAFETY: the mapping outlives the registry here.
+        unsafe { ram.add("shm", host, 0, pages * PAGE).unwrap() };
+        ram.set_backing(0, file.as_fd(), 0).unwrap();
+        let allocated = file.metadata().unwrap().blocks();
+        zero_populated(&ram.blocks()[0], 0, pages * PAGE);
+        assert_eq!(file.metadata().unwrap().blocks(), allocated, "zeroing allocated pages");
+        let mut all = vec![1u8; (pages * PAGE) as usize];
+        file.read_exact_at(&mut all, 0).unwrap();
+        assert!(all.iter().all(|&b| b == 0), "the data pages were not zeroed");
+        // Without the backing file (unknown: every page read) the holes get allocated: what the test guards against.
+        let mut unknown = RamBlocks::new();
+        // SAFETY: as above.
+        unsafe { unknown.add("shm", host, 0, pages * PAGE).unwrap() };
+        zero_populated(&unknown.blocks()[0], 0, pages * PAGE);
+        assert!(file.metadata().unwrap().blocks() > allocated);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(host.cast(), (pages * PAGE) as usize) };
     }
 }

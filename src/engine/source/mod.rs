@@ -5,6 +5,7 @@
 
 mod chunks;
 mod pacing;
+mod sparse;
 mod staging;
 mod transfer;
 

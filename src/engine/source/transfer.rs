@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::chunks::{ChunkKey, ChunkState};
 use super::pacing::Pacer;
+use super::sparse::Part;
 use super::staging::Staging;
 use super::{Command, Shared};
 use crate::engine::link::{protocol_error as protocol, Link};
@@ -17,7 +18,7 @@ use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
 use crate::engine::ram::{chunk_of, RamBlock, RamBlocks};
 use crate::engine::stats::Counters;
 use crate::engine::validate::MAX_COMPRESS_BYTES;
-use crate::engine::{is_zero, Config};
+use crate::engine::Config;
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
     BlockSpec, CommandType, Compress, DestBlock, EndSummary, RegisterRequest, RegisterResult, CHUNK_SIZE,
@@ -53,7 +54,7 @@ pub(super) struct Piece {
     pub offset: u64,
     pub len: u64,
     /// End of the write unit: the piece may grow up to here.
-    limit: u64,
+    pub(super) limit: u64,
 }
 
 pub(super) struct BlockState {
@@ -375,38 +376,51 @@ impl Engine {
             self.deferred.push(p);
             return Ok(());
         }
-        let block = &self.ram.blocks()[p.block as usize];
-        // First touch of an unregistered chunk: an all-zero range needs no registration.
-        // SAFETY: the range was checked against the block in `Source::save`.
-        if unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) } {
-            let entry = Compress { value: 0, block_index: p.block, offset: dest_offset + p.offset, length: p.len };
-            // Merged only toward an rdmamig peer: QEMU takes one range inside one chunk.
-            let merges = self.link.negotiated.extensions;
-            match self.zeros.last_mut() {
-                Some(z)
-                    if merges
-                        && z.block_index == entry.block_index
-                        && z.offset + z.length == entry.offset
-                        && z.length + entry.length <= MAX_COMPRESS_BYTES =>
-                {
-                    z.length += entry.length
+        // First touch of an unregistered chunk: zero runs need no registration (and holes are not read).
+        let mut data = false;
+        for part in self.split_piece(p) {
+            match part {
+                Part::Zero { offset, len } => self.queue_zero(p.block, dest_offset + offset, len)?,
+                Part::Data(d) => {
+                    data = true;
+                    self.deferred.push(d);
                 }
-                _ => self.zeros.push(entry),
             }
-            // Sent once a message is full, or later if a REGISTER response is
-            // still to come (the control channel is busy until then).
-            if self.zeros.len() >= self.zero_batch() && !self.link.request_pending() || self.zeros.len() >= RUN_AHEAD {
-                self.send_zeros()?;
-            }
+        }
+        if !data {
             return Ok(());
         }
         self.blocks[p.block as usize].chunks[chunk].awaiting = true;
         self.to_register.push((p.block, chunk));
-        self.deferred.push(p);
         if !self.link.request_pending() && self.to_register.len() >= self.register_batch() {
             self.begin_registration()?;
         } else if self.to_register.len() >= RUN_AHEAD {
             self.poll_registration(true)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a zero range (`offset` in the destination's RAM address space) to
+    /// the next COMPRESS. Sent before any write of its chunk: once a message
+    /// is full, or (while a REGISTER response is still to come and the
+    /// control channel is busy) before the next request.
+    fn queue_zero(&mut self, block: u32, offset: u64, len: u64) -> Result<()> {
+        let entry = Compress { value: 0, block_index: block, offset, length: len };
+        // Merged only toward an rdmamig peer: QEMU takes one range inside one chunk.
+        let merges = self.link.negotiated.extensions;
+        match self.zeros.last_mut() {
+            Some(z)
+                if merges
+                    && z.block_index == entry.block_index
+                    && z.offset + z.length == entry.offset
+                    && z.length + entry.length <= MAX_COMPRESS_BYTES =>
+            {
+                z.length += entry.length
+            }
+            _ => self.zeros.push(entry),
+        }
+        if self.zeros.len() >= self.zero_batch() && !self.link.request_pending() || self.zeros.len() >= RUN_AHEAD {
+            self.send_zeros()?;
         }
         Ok(())
     }
