@@ -10,7 +10,10 @@
 #   make symbols         regenerate the golden list abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
-#   make bench           the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
+#   make bench           the migration benchmark (examples/bench.rs, scripts/bench.sh): ib_write_bw,
+#                        QEMU -> QEMU and rdmamig <-> rdmamig in one guest boot, one table
+#                        (BENCH_ARGS, e.g. BENCH_ARGS=--quick)
+#   make bench-demo      the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
 #
 # The shared library is linked here from the staticlib, with the version script
@@ -63,7 +66,7 @@ VG_CTEST_DIR    := $(TARGET_DIR)/c-tests-valgrind
 VG_CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic -fno-omit-frame-pointer -Iinclude
 VG_CTEST_BINS   := $(patsubst c-tests/%.c,$(VG_CTEST_DIR)/%,$(wildcard c-tests/rdma_test_*.c))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -139,10 +142,17 @@ check: c-tests
 demo: all $(CTEST_DIR)/rdma_test_demo
 	bash scripts/rxe-vm.sh '$(CTEST_DIR)/rdma_test_demo --mib 256'
 
-# Throughput figures: the same demo built -O2 without sanitizers, and perftest's
+# The migration benchmark: ib_write_bw anchors, QEMU -> QEMU and rdmamig <->
+# rdmamig (dense guest in four modes, sparse guest, final round) in one guest
+# boot; prints one table (README "Benchmark"). Needs root; RXE_VM_MEM 6G.
+BENCH_ARGS ?=
+bench:
+	bash scripts/bench.sh $(BENCH_ARGS)
+
+# The C demo's throughput: built -O2 without sanitizers, and perftest's
 # ib_write_bw (1 MiB, tx depth 16) as the anchor, in the same guest boot.
 BENCH_DEMO := $(TARGET_DIR)/bench/rdma_demo
-bench: all $(BENCH_DEMO)
+bench-demo: all $(BENCH_DEMO)
 	bash scripts/bench-anchor.sh '$(BENCH_DEMO) --mib 512 && $(BENCH_DEMO) --mib 512 --pin-all'
 
 # The time close and the final iteration spend deregistering, with the

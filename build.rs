@@ -16,9 +16,24 @@ fn probe(name: &str) -> pkg_config::Library {
     }
 }
 
+/// The compiler's minor version (`rustc 1.MINOR.x`), if it says.
+fn rustc_minor() -> Option<u32> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = std::process::Command::new(rustc).arg("--version").output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    text.split_whitespace().nth(1)?.split('.').nth(1)?.parse().ok()
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/verbs/shim.c");
+
+    // The AVX-512 zero scan needs the AVX-512 intrinsics, stable since Rust 1.89
+    // (the crate builds with 1.82 without it).
+    println!("cargo:rustc-check-cfg=cfg(rdmamig_avx512)");
+    if rustc_minor().is_some_and(|m| m >= 89) {
+        println!("cargo:rustc-cfg=rdmamig_avx512");
+    }
 
     let ibverbs = probe("libibverbs");
     let rdmacm = probe("librdmacm");

@@ -739,8 +739,9 @@ rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
 
 /**
  * Source: queues `count` ranges at `ranges` for transfer, as `count` calls
- * of `rdmamig_conn_save` would, waking the library's transfer thread once.
- * All are checked first: one bad range (`RDMAMIG_ERR_INVALID_ARGUMENT`,
+ * of `rdmamig_conn_save` would, but up to 1024 per queue entry, waking the
+ * library's transfer thread at the first entry and at the end. All are
+ * checked first: one bad range (`RDMAMIG_ERR_INVALID_ARGUMENT`,
  * also for a non-zero `reserved`) refuses the call and nothing is queued.
  * `ranges` may be NULL when `count` is 0.
  *
@@ -754,12 +755,14 @@ rdmamig_status rdmamig_conn_save_ranges(const rdmamig_conn *conn,
  * Source: queues the dirty pages of RAM block `block` that `bitmap` names:
  * bit `i % 64` of `bitmap[i / 64]` stands for page `first_page + i`, of
  * `page_size` bytes, for `i` below `page_count` (the bitmap holds
- * `(page_count + 63) / 64` words; later bits are ignored). Each run of set
- * bits is queued as one range, with one wake-up of the transfer thread
- * (the walk skips a word of clear bits at a time). The pages must lie inside
- * the block (`RDMAMIG_ERR_INVALID_ARGUMENT` otherwise, or for a page size
- * of 0). Valid only inside an iteration window. `bitmap` may be NULL when
- * `page_count` is 0.
+ * `(page_count + 63) / 64` words; later bits are ignored). The call copies
+ * the bitmap, 65536 pages per queue entry (skipping entries with no bit
+ * set), waking the transfer thread at the first entry and at the end; the
+ * transfer thread sends each run of set bits as one range (runs crossing
+ * entries are merged again). `bitmap` may be reused when the call returns.
+ * The pages must lie inside the block (`RDMAMIG_ERR_INVALID_ARGUMENT`
+ * otherwise, or for a page size of 0). Valid only inside an iteration
+ * window. `bitmap` may be NULL when `page_count` is 0.
  *
  * Thread safety: as `rdmamig_conn_save` (e.g. one caller per slice of a
  * large bitmap, each with its own `first_page`).

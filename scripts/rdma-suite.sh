@@ -8,7 +8,14 @@
 #                              with cargo test --release, run --test-threads=1
 #   3. c:rdma_test_*           each executable target/c-tests/rdma_test_*
 #                              (built by the Makefile beforehand; none: skipped)
-#   4. c-valgrind:rdma_test_*  the same programs without sanitizers
+#   4. bench:smoke             the migration benchmark (examples/bench.rs,
+#                              built here with cargo build --release
+#                              --features rdma-tests --example bench) with
+#                              --quick: anchors, QEMU -> QEMU dynamic (32 MiB
+#                              dense, 64 MiB sparse), rdmamig in every mode,
+#                              all byte-identical;
+#                              PASS when it exits 0 (no figure is checked)
+#   5. c-valgrind:rdma_test_*  the same programs without sanitizers
 #                              (target/c-tests-valgrind/, also `make c-tests`)
 #                              under valgrind memcheck, small sizes (memcheck
 #                              under TCG is slow); FAIL on any memcheck error
@@ -21,7 +28,7 @@
 # ToS byte of captured packets), run in both guests, each step PASS when both
 # guests pass:
 #
-#   5. rust:MODULE-pair:NAME       NAME without "MODULE::pair_"; one boot each
+#   6. rust:MODULE-pair:NAME       NAME without "MODULE::pair_"; one boot each
 #                                  because a connection that failed on a downed
 #                                  link keeps the next one between the same two
 #                                  guests from connecting (rxe, ~20 s per boot)
@@ -100,6 +107,25 @@ for t in target/c-tests/rdma_test_*; do
     c_tests=$((c_tests + 1))
 done
 [ $c_tests != 0 ] || echo "rdma-suite: no C RDMA tests (target/c-tests/rdma_test_*): skipped"
+
+# The benchmark's smoke run: its measurements at tiny sizes (35-60 s in the
+# guest); its table goes to the log, only its exit status counts.
+echo "rdma-suite: building the benchmark (cargo build --release --features rdma-tests --example bench)"
+if cargo build --release --features rdma-tests --example bench --message-format=json \
+        > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
+    bench=$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "bench"
+                          and (.target.kind | index("example")) and .executable != null)
+                   | .executable' "$json" | tail -1)
+    if [ -n "$bench" ]; then
+        add_step bench:smoke "$bench" --quick
+    else
+        host_fail bench:smoke "cargo built no executable for example bench"
+    fi
+else
+    jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
+    cat "$RDMA_SUITE_DIR/cargo.err"
+    host_fail bench:smoke "cargo build of example bench failed, see above"
+fi
 
 # The same programs under valgrind memcheck.  Definite leaks count as errors;
 # possible ones (librdmacm keeps its device list for the process's life) do

@@ -104,7 +104,7 @@ install_prerequisites() {
 step "prerequisites" install_prerequisites
 step "cargo build --release" cargo build --release
 step "cargo test --release" cargo test --release
-step "cargo clippy" cargo clippy --release --all-targets --features rdma-tests -- -D warnings
+step "cargo clippy" cargo clippy --release --all-targets --features rdma-tests,bench-internals -- -D warnings
 step "header check" bash scripts/check-header.sh
 step "make (versioned .so)" make --no-print-directory
 step "ABI check" bash scripts/check-abi.sh

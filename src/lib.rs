@@ -37,5 +37,15 @@ pub mod fuzzing {
     pub use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
 }
 
+/// What the save-path benchmark (`examples/save_path.rs`) drives directly,
+/// without a connection: the source's queueing front end and each zero
+/// scan. Not part of the API: only built with the `bench-internals` feature.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench_internals {
+    pub use crate::engine::source::front::Front;
+    pub use crate::engine::zero::{supported as zero_scans, Scan, Variant};
+}
+
 /// The library version, as in Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

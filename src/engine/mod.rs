@@ -14,10 +14,11 @@ mod link;
 mod pin;
 mod populated;
 pub mod ram;
-mod source;
+pub(crate) mod source;
 pub mod stats;
 mod sync;
 mod validate;
+pub(crate) mod zero;
 
 pub use auth::{AuthKey, SourcePrefix};
 pub use config::Config;
@@ -63,48 +64,4 @@ pub enum Event {
     WindowClosed { stream_offset: u64 },
 }
 
-/// Whether `len` bytes at `ptr` are all zero. Guest RAM may change under us
-/// (the guest keeps running), so it is read with volatile loads.
-///
-/// # Safety
-/// `ptr..ptr + len` must be mapped and readable.
-pub(crate) unsafe fn is_zero(ptr: *const u8, len: usize) -> bool {
-    let word = std::mem::size_of::<usize>();
-    let mut i = 0;
-    while i < len && (ptr as usize + i) % word != 0 {
-        if ptr.add(i).read_volatile() != 0 {
-            return false;
-        }
-        i += 1;
-    }
-    while i + word <= len {
-        if (ptr.add(i) as *const usize).read_volatile() != 0 {
-            return false;
-        }
-        i += word;
-    }
-    while i < len {
-        if ptr.add(i).read_volatile() != 0 {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn is_zero_checks_every_byte() {
-        let mut buf = vec![0u8; 4099];
-        for start in 0..9 {
-            assert!(unsafe { super::is_zero(buf.as_ptr().add(start), 4099 - start) });
-        }
-        for pos in [0, 1, 7, 8, 2048, 4098] {
-            buf[pos] = 1;
-            assert!(!unsafe { super::is_zero(buf.as_ptr(), buf.len()) });
-            assert!(unsafe { super::is_zero(buf.as_ptr(), pos) });
-            buf[pos] = 0;
-        }
-    }
-}
+pub(crate) use zero::is_zero;

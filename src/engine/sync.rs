@@ -1,6 +1,7 @@
 //! Small synchronisation helpers shared by the source and destination.
 
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -39,16 +40,26 @@ impl Done {
 
 /// The first error of a connection, kept so every later call returns it.
 #[derive(Default)]
-pub(crate) struct StickyError(Mutex<Option<Error>>);
+pub(crate) struct StickyError {
+    slot: Mutex<Option<Error>>,
+    /// Whether `slot` holds an error: the per-page `save` checks without the lock.
+    failed: AtomicBool,
+}
 
 impl StickyError {
     /// Keeps `e` unless an error is stored already; returns the stored one.
     pub fn set(&self, e: Error) -> Error {
-        self.0.lock().get_or_insert(e).clone()
+        let mut slot = self.slot.lock();
+        let stored = slot.get_or_insert(e).clone();
+        self.failed.store(true, Ordering::Release);
+        stored
     }
 
     pub fn get(&self) -> Option<Error> {
-        self.0.lock().clone()
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.slot.lock().clone()
     }
 
     pub fn check(&self) -> Result<()> {

@@ -1,6 +1,6 @@
 //! The batch save API: `Source::save_ranges` and `Source::save_bitmap`,
-//! from several threads at once, migrating byte-identical; and what they
-//! refuse.
+//! from several threads at once, and a bitmap spanning several queue
+//! entries, migrating byte-identical; and what they refuse.
 
 use std::sync::Arc;
 use std::thread;
@@ -116,6 +116,22 @@ fn batch_saves_migrate_byte_identical(config: Config) {
     let dirty_pages: usize = dirty.iter().map(|d| d.iter().filter(|&&x| x).count()).sum();
     eprintln!("batch: {} ranges, then {dirty_pages} dirty pages by bitmap", whole.len());
     assert!(dirty_pages > 500, "{dirty_pages}");
+
+    // Window 3: pc.ram as one bitmap of 512-byte pages, 245760 of them: the
+    // call queues it as four entries of 65536 pages, and dirty runs cross
+    // each boundary between them (the transfer thread merges them again).
+    const SMALL: u64 = 512;
+    let pages = (layout.blocks[0].1 / SMALL) as usize;
+    let mut bits = vec![0u64; pages.div_ceil(64)];
+    let boundaries = (1..4).flat_map(|k| k * 65536 - 3..k * 65536 + 2);
+    let random: Vec<usize> = (0..pages).filter(|_| rng.next() % 16 == 0).collect();
+    for page in boundaries.chain(random) {
+        bits[page / 64] |= 1 << (page % 64);
+        src_ram[0].write_u64(page as u64 * SMALL + rng.next() % (SMALL / 8) * 8, rng.next());
+    }
+    source.iteration_begin().unwrap();
+    source.save_bitmap(0, &bits, 0, pages as u64, SMALL).unwrap();
+    source.iteration_end().unwrap();
 
     finish(source, dest, &src_ram, &dst_ram);
 }

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::Instant;
 
 use super::chunks::{ChunkKey, ChunkState};
+use super::front::for_each_run;
 use super::pacing::Pacer;
 use super::sparse::Part;
 use super::staging::Staging;
@@ -42,6 +43,8 @@ const MERGE_SLOTS: usize = 4;
 const STAGING: u64 = 8 << 20;
 /// Zero ranges per COMPRESS message toward an rdmamig peer (QEMU applies one).
 const ZERO_BATCH: usize = 1024;
+/// Chunks in the first REGISTER_REQUEST toward an rdmamig peer (see `register_ahead`).
+const FIRST_REQUEST: usize = 16;
 /// How far the transfer thread reads ahead of an outstanding REGISTER
 /// request (chunks to register next, zero ranges to send): beyond this it
 /// waits for the response rather than let its lists grow with the guest.
@@ -96,6 +99,8 @@ pub(super) struct Engine {
     /// Chunks asked for in the REGISTER_REQUEST whose response is still to
     /// come (the link holds the request: `Link::request_pending`).
     registering: Vec<ChunkKey>,
+    /// Requests sent so far (sizes the next one: `register_ahead`).
+    requests_sent: u32,
     /// (sequence, bytes) of posted writes not known to be complete.
     inflight: VecDeque<(u64, u64)>,
     inflight_bytes: u64,
@@ -136,6 +141,7 @@ impl Engine {
             deferred: Vec::new(),
             to_register: Vec::new(),
             registering: Vec::new(),
+            requests_sent: 0,
             inflight: VecDeque::new(),
             inflight_bytes: 0,
             signalled: VecDeque::new(),
@@ -161,8 +167,8 @@ impl Engine {
             }
         };
         // Later calls see the stored error; so does whatever still waits in the queue.
-        let stored = self.shared.error.set(ended);
-        while let Some(cmd) = self.shared.queue.pop() {
+        let stored = self.shared.front.error.set(ended);
+        while let Some(cmd) = self.shared.front.pop() {
             if let Some(d) = cmd.done() {
                 d.set(Err(stored.clone()));
             }
@@ -187,7 +193,7 @@ impl Engine {
             if self.link.stop.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
             }
-            match self.shared.queue.pop() {
+            match self.shared.front.pop() {
                 Some(cmd) => {
                     let done = cmd.done().cloned();
                     let last = matches!(cmd, Command::End(_));
@@ -207,7 +213,7 @@ impl Engine {
                     // Idle: post what is pending rather than wait for more to merge.
                     self.flush_pending()?;
                     self.register_deferred()?;
-                    if self.shared.closing.load(Ordering::Relaxed) && self.shared.queue.is_empty() {
+                    if self.shared.closing.load(Ordering::Relaxed) && self.shared.front.is_empty() {
                         return Ok(());
                     }
                     thread::park_timeout(std::time::Duration::from_millis(100));
@@ -222,6 +228,19 @@ impl Engine {
             Command::Save { block, offset, len } => {
                 self.exchange_blocks()?;
                 self.save(block, offset, len)
+            }
+            Command::Group(group) => {
+                self.exchange_blocks()?;
+                let sent = group.iter().try_for_each(|r| self.save(r.block, r.offset, r.len));
+                self.shared.front.recycle_ranges(group);
+                sent
+            }
+            Command::Bitmap { block, offset, page_size, pages, words } => {
+                self.exchange_blocks()?;
+                let sent =
+                    for_each_run(&words, pages, |first, n| self.save(block, offset + first * page_size, n * page_size));
+                self.shared.front.recycle_words(words);
+                sent
             }
             Command::Stream(data) => {
                 self.pace(data.len() as u64)?;
@@ -392,7 +411,7 @@ impl Engine {
         }
         self.blocks[p.block as usize].chunks[chunk].awaiting = true;
         self.to_register.push((p.block, chunk));
-        if !self.link.request_pending() && self.to_register.len() >= self.register_batch() {
+        if !self.link.request_pending() && self.to_register.len() >= self.register_ahead() {
             self.begin_registration()?;
         } else if self.to_register.len() >= RUN_AHEAD {
             self.poll_registration(true)?;
@@ -508,7 +527,17 @@ impl Engine {
             CommandType::RegisterResult,
         )?;
         self.registering = chunks;
+        self.requests_sent += 1;
         Ok(())
+    }
+
+    /// Chunks to collect before a request goes out while the link is busy:
+    /// small at first, so that the first writes start early and the
+    /// destination's later registrations overlap them, then growing fourfold
+    /// per request to a full batch (few round trips per GiB).
+    fn register_ahead(&self) -> usize {
+        let ramp = FIRST_REQUEST << (2 * self.requests_sent.min(8));
+        ramp.min(self.register_batch())
     }
 
     /// Takes the outstanding REGISTER response if it has come (`wait`: waits
@@ -544,7 +573,7 @@ impl Engine {
         }
         // The next request goes out before these writes, so the destination
         // registers while they stream.
-        if self.to_register.len() >= self.register_batch() {
+        if self.to_register.len() >= self.register_ahead() {
             self.begin_registration()?;
         }
         let (ready, waiting): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut self.deferred)
