@@ -531,21 +531,22 @@ impl Link {
 
     /// The response to the outstanding request, handed to `f`, if it has
     /// arrived; `None` if not yet (it fails once the request's deadline
-    /// passed, as a wait would).
+    /// passed, as a wait would). Only takes completions: the source calls
+    /// it after every queued save, so connection events and the liveness
+    /// probe (system calls) are left to its waits and idle passes.
     pub fn poll_response<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<Option<R>> {
         let Some((_, deadline)) = self.pending else {
             return Err(Error::new(ErrorKind::State, "no request is outstanding"));
         };
         self.check_stop("a control message from the peer")?;
-        if self.reap()? == 0 && self.received[RESPONSE].is_none() {
-            self.check_events()?;
-            self.keepalive()?;
+        if self.received[RESPONSE].is_none() && self.reap()? == 0 {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!("timed out after {:?} waiting for a control message from the peer", self.timeout),
                 ));
             }
+            return Ok(None);
         }
         if self.received[RESPONSE].is_none() {
             return Ok(None);

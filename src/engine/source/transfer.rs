@@ -33,7 +33,9 @@ const MAX_INFLIGHT_WRITES: usize = 256;
 /// silently. The unsignalled tail therefore always fits under the limits above.
 const SIGNAL_EVERY: u64 = 16;
 const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
-/// Chunks per REGISTER_REQUEST toward an rdmamig peer (QEMU takes one).
+/// Chunks per REGISTER_REQUEST toward an rdmamig peer (one registration
+/// each), and per registration of consecutive chunks toward QEMU (which
+/// answers only a request's first entry).
 pub(super) const REGISTER_BATCH: usize = 256;
 /// Largest single RDMA WRITE when both sides registered whole blocks (rdmamig peers).
 const LARGE_WRITE: u64 = 4 << 20;
@@ -96,9 +98,10 @@ pub(super) struct Engine {
     deferred: Vec<Piece>,
     /// Chunks to ask the destination for in the next REGISTER_REQUEST.
     to_register: Vec<ChunkKey>,
-    /// Chunks asked for in the REGISTER_REQUEST whose response is still to
-    /// come (the link holds the request: `Link::request_pending`).
-    registering: Vec<ChunkKey>,
+    /// What the REGISTER_REQUEST whose response is still to come asked for
+    /// (the link holds the request: `Link::request_pending`): one entry per
+    /// registration, a first chunk and how many chunks from it.
+    registering: Vec<(ChunkKey, usize)>,
     /// Requests sent so far (sizes the next one: `register_ahead`).
     requests_sent: u32,
     /// (sequence, bytes) of posted writes not known to be complete.
@@ -505,20 +508,25 @@ impl Engine {
     /// a chunk's COMPRESS must precede its writes.
     fn begin_registration(&mut self) -> Result<()> {
         self.send_zeros()?;
-        let take = self.to_register.len().min(self.register_batch());
-        if take == 0 {
+        let registrations = self.next_registrations();
+        if registrations.is_empty() {
             return Ok(());
         }
-        let chunks: Vec<ChunkKey> = self.to_register.drain(..take).collect();
         let blocks = self.ram.blocks();
-        let bytes = chunks.iter().map(|&(b, c)| blocks[b as usize].chunk_range(c)).map(|(s, e)| e - s).sum();
-        self.make_remote_room(bytes)?;
-        let requests: Vec<RegisterRequest> = chunks
+        let bytes = registrations
             .iter()
-            .map(|&(b, c)| RegisterRequest {
+            .map(|&((b, c), n)| {
+                let block = &blocks[b as usize];
+                block.chunk_range(c + n - 1).1 - block.chunk_range(c).0
+            })
+            .sum();
+        self.make_remote_room(bytes)?;
+        let requests: Vec<RegisterRequest> = registrations
+            .iter()
+            .map(|&((b, c), n)| RegisterRequest {
                 key: self.blocks[b as usize].dest_offset + self.ram.blocks()[b as usize].chunk_range(c).0,
                 block_index: b,
-                chunks: 0,
+                chunks: n as u64 - 1,
             })
             .collect();
         self.link.begin_request(
@@ -526,9 +534,32 @@ impl Engine {
             |w| requests.iter().try_for_each(|r| w.push(r)),
             CommandType::RegisterResult,
         )?;
-        self.registering = chunks;
+        self.registering = registrations;
         self.requests_sent += 1;
         Ok(())
+    }
+
+    /// Takes the registrations of the next REGISTER_REQUEST off
+    /// `to_register`, as (first chunk, chunks). Toward an rdmamig peer, one
+    /// chunk each (each is unpinned on its own), up to `register_batch`.
+    /// Toward QEMU, whose destination answers only the first entry of a
+    /// request but registers `chunks` more after an entry's chunk under its
+    /// key: one registration of the run of consecutive chunks at the front.
+    fn next_registrations(&mut self) -> Vec<(ChunkKey, usize)> {
+        if self.link.negotiated.extensions {
+            let take = self.to_register.len().min(self.register_batch());
+            return self.to_register.drain(..take).map(|key| (key, 1)).collect();
+        }
+        let Some(&(block, first)) = self.to_register.first() else { return Vec::new() };
+        let run = self
+            .to_register
+            .iter()
+            .take(REGISTER_BATCH)
+            .enumerate()
+            .take_while(|&(i, &(b, c))| b == block && c == first + i)
+            .count();
+        self.to_register.drain(..run);
+        vec![((block, first), run)]
     }
 
     /// Chunks to collect before a request goes out while the link is busy:
@@ -556,20 +587,27 @@ impl Engine {
                 None => return Ok(false),
             }
         };
-        let chunks = std::mem::take(&mut self.registering);
-        if results.len() != chunks.len() {
+        let registrations = std::mem::take(&mut self.registering);
+        if results.len() != registrations.len() {
             return Err(Error::new(
                 ErrorKind::Protocol,
-                format!("asked to register {} chunks, the destination answered {}", chunks.len(), results.len()),
+                format!(
+                    "asked to register {} runs of chunks, the destination answered {}",
+                    registrations.len(),
+                    results.len()
+                ),
             ));
         }
         self.retire_completed();
+        let chunks: Vec<ChunkKey> =
+            registrations.iter().flat_map(|&((b, c), n)| (c..c + n).map(move |c| (b, c))).collect();
         Counters::add(&self.shared.counters.registration_round_trips, 1);
         Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
-        for (&key, r) in chunks.iter().zip(&results) {
-            self.blocks[key.0 as usize].remote_base =
-                placed(&self.ram.blocks()[key.0 as usize], "address", r.host_addr)?;
-            self.registered_remotely(key, r.rkey);
+        for (&((b, c), n), r) in registrations.iter().zip(&results) {
+            self.blocks[b as usize].remote_base = placed(&self.ram.blocks()[b as usize], "address", r.host_addr)?;
+            for c in c..c + n {
+                self.registered_remotely((b, c), r.rkey);
+            }
         }
         // The next request goes out before these writes, so the destination
         // registers while they stream.
