@@ -151,7 +151,7 @@ mod tests {
         unsafe { ram.add("anon", host, 0, n * PAGE).unwrap() };
         let block = &ram.blocks()[0];
         let before = pagemap_present(host, n);
-        let piece = |offset: u64, len: u64| Piece { block: 0, offset: offset * PAGE, len: len * PAGE, limit: n * PAGE };
+        let piece = |offset: u64, len: u64| Piece { block: 0, offset: offset * PAGE, len: len * PAGE };
         // rdmamig peers: exact zero runs (holes and the zero page merged), data runs written.
         assert_eq!(
             pages(&split(block, piece(0, 16), true)),
