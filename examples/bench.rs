@@ -728,11 +728,13 @@ fn rdmamig_migrate(dir: &Path, content: &Content, extensions: bool, pin_all: boo
         let cpu_before = process_cpu();
         let start = Instant::now();
         let mut source = Source::connect(&ip(), port, &config, &registry).map_err(e("connect"))?;
+        let connected = start.elapsed().as_secs_f64();
         source.iteration_begin().map_err(e("iteration_begin"))?;
         for page in 0..content.pages() {
             source.save(0, page * PAGE, PAGE).map_err(e("save"))?;
         }
         source.iteration_end().map_err(e("iteration_end"))?;
+        let window = start.elapsed().as_secs_f64() - connected;
         let final_secs = if content.final_pages > 0 {
             let mem = ram.bytes_mut();
             let finals: Vec<u64> = (0..content.final_pages).map(|slot| content.final_page(slot)).collect();
@@ -751,8 +753,11 @@ fn rdmamig_migrate(dir: &Path, content: &Content, extensions: bool, pin_all: boo
         };
         let cpu_engine = thread_cpu("rdmamig-source");
         let stats = source.stats();
+        let closing = start.elapsed().as_secs_f64();
         let ending = source.close().map_err(e("close"))?;
         let secs = start.elapsed().as_secs_f64();
+        // Where the time went (stderr only: no target is about the phases).
+        progress(&format!("  connect {connected:.3} s, first window {window:.3} s, close {:.3} s", secs - closing));
         let cpu_process = process_cpu() - cpu_before;
         let memory = Memory { file_before, file_after: allocated(&src_file), rss_before, rss_after: vm_rss("self") };
         drop(registry);
