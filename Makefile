@@ -113,12 +113,12 @@ uninstall:
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
 c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) header-compile
 
-$(CTEST_DIR)/%: c-tests/%.c c-tests/check.h include/rdmamig.h $(SHLIB) Makefile
+$(CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 	@nm $@ | grep -q __asan_init || { echo "error: $@ is not linked with ASan" >&2; exit 1; }
 
-$(VG_CTEST_DIR)/%: c-tests/%.c c-tests/check.h include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+$(VG_CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(VG_CTEST_DIR)
 	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 	@! nm $@ | grep -q __asan_init || { echo "error: $@ is linked with ASan" >&2; exit 1; }

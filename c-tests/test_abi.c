@@ -4,6 +4,7 @@
  * exists). Built by `make c-tests` with
  * -Wall -Wextra -Werror and ASan/UBSan. Last line: "N passed, M failed". */
 #include "rdmamig.h"
+#include "rdmamig_testing.h" /* rdmamig_config_set_protocol_version: not in the public header */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,14 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_protocol_version(c, 1), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_timeout_ms(c, 5000), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+    {   /* config failures keep their message too (one argument-checking toolkit) */
+        char msg[128];
+        rdmamig_last_error_message(msg, sizeof msg);
+        CHECK(strcmp(msg, "rdmamig_config_set_timeout_ms: timeout_ms is 0") == 0);
+        CHECK_STATUS(rdmamig_config_set_tos(NULL, 0), RDMAMIG_ERR_NULL_PARAMETER);
+        rdmamig_last_error_message(msg, sizeof msg);
+        CHECK(strcmp(msg, "rdmamig_config_set_tos: config is NULL") == 0);
+    }
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 2000), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK); /* off */
     CHECK_STATUS(rdmamig_config_set_pin_budget(c, 64u << 20), RDMAMIG_OK);
@@ -159,6 +168,11 @@ static void test_device_probe(void) {
     CHECK_STATUS(rdmamig_device_probe("\xff\xfe", name, sizeof name), RDMAMIG_ERR_INVALID_ARGUMENT);
 }
 
+/* The structs are named, so a caller can forward-declare them (this does not
+ * compile, -Werror, if `struct rdmamig_stats` is not the type `rdmamig_stats`). */
+struct rdmamig_stats;
+static uint32_t stats_size_of(const struct rdmamig_stats *st) { return st->size; }
+
 /* The migration API without a device: NULL arguments, the registry, the
  * thread's last error message, the stats struct's size. */
 static void test_migration_api_args(void) {
@@ -175,6 +189,9 @@ static void test_migration_api_args(void) {
 
     CHECK(sizeof(rdmamig_stats) == RDMAMIG_STATS_SIZE_V2);
     CHECK(offsetof(rdmamig_stats, pin_budget) == RDMAMIG_STATS_SIZE_V1);
+    /* No implicit padding: `reserved` fills the 4 bytes after `size`. */
+    CHECK(offsetof(rdmamig_stats, reserved) == 4 && offsetof(rdmamig_stats, bytes_written) == 8);
+    CHECK(sizeof(rdmamig_stats) == 8 + 8 * ((sizeof(rdmamig_stats) - 8) / 8));
     CHECK_STATUS(rdmamig_ram_add_block(NULL, "pc.ram", mem, 0, 4096, NULL), RDMAMIG_ERR_NULL_PARAMETER);
     n = rdmamig_last_error_message(msg, sizeof msg);
     CHECK(n == strlen(msg) && strstr(msg, "ram is NULL") != NULL);
@@ -211,7 +228,7 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_abort(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_hint(NULL, 0, 0, 4096, RDMAMIG_HINT_COLD), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_get_stats(NULL, &st), RDMAMIG_ERR_NULL_PARAMETER);
-    CHECK(st.size == sizeof st);
+    CHECK(st.size == sizeof st && stats_size_of(&st) == sizeof st);
     CHECK_STATUS(rdmamig_conn_stream_ops(NULL, &ops), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_last_error_message(msg, sizeof msg);
     CHECK(strcmp(msg, "rdmamig_conn_stream_ops: conn is NULL") == 0);

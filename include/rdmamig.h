@@ -289,7 +289,7 @@ typedef struct rdmamig_ram rdmamig_ram;
  * A range of guest RAM for `rdmamig_conn_save_ranges`: `length` bytes at
  * `offset` of RAM block `block`. Zero it first: `reserved` must be 0.
  */
-typedef struct {
+typedef struct rdmamig_range {
   uint32_t block;
   uint32_t reserved;
   uint64_t offset;
@@ -299,18 +299,26 @@ typedef struct {
 /**
  * A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
  *
- * The struct may grow in later versions, with fields added only at the end.
- * Set `size` to `sizeof(rdmamig_stats)` before the call: the library fills
- * the fields that fit in `size` bytes and writes back the number of bytes it
- * filled, so a program built against an older or newer header works with
- * any library. Fields the library does not know are left untouched.
+ * Zero it first (`rdmamig_stats st = {0};` or `memset`), then set `size` to
+ * `sizeof(rdmamig_stats)`: the library fills the fields that fit in `size`
+ * bytes and writes back the number of bytes it filled, so a program built
+ * against an older or newer header works with any library. The struct only
+ * grows, with fields added at the end: version 1 (`RDMAMIG_STATS_SIZE_V1`)
+ * ends with `stream_bytes`, version 2 (`RDMAMIG_STATS_SIZE_V2`) adds
+ * `pin_budget` to `staged_bytes`. Fields the library does not know are left
+ * untouched.
  */
-typedef struct {
+typedef struct rdmamig_stats {
   /**
    * In: `sizeof(rdmamig_stats)` as the caller knows it (at least
    * `RDMAMIG_STATS_SIZE_V1`). Out: the bytes filled.
    */
   uint32_t size;
+  /**
+   * Reserved (where the first counter's alignment leaves 4 bytes): zero
+   * it. The library sets it to 0.
+   */
+  uint32_t reserved;
   /**
    * Bytes of guest RAM written with RDMA WRITE (source).
    */
@@ -331,11 +339,11 @@ typedef struct {
    */
   uint64_t registration_round_trips;
   /**
-   * Bytes of memory this side has registered (pinned) now.
+   * Bytes of guest memory this side has registered (pinned) now.
    */
   uint64_t pinned_bytes;
   /**
-   * The most bytes this side had registered at once.
+   * The most bytes of guest memory this side had registered at once.
    */
   uint64_t pinned_bytes_peak;
   /**
@@ -347,8 +355,8 @@ typedef struct {
    */
   uint64_t iterations;
   /**
-   * Total time spent inside `rdmamig_conn_iteration_end`, in nanoseconds
-   * (source).
+   * Total time spent inside `iteration_end` (`rdmamig_conn_iteration_end`),
+   * in nanoseconds (source).
    */
   uint64_t iteration_end_ns;
   /**
@@ -356,13 +364,13 @@ typedef struct {
    */
   uint64_t stream_bytes;
   /**
-   * Version 2 (`RDMAMIG_STATS_SIZE_V2`) adds the pinning counters below.
-   * The pin budget this side keeps `pinned_bytes` under (`UINT64_MAX`:
-   * unlimited; see `rdmamig_config_set_pin_budget`).
+   * The pin budget this side keeps `pinned_bytes` under (the largest
+   * value, `UINT64_MAX`: unlimited; see `rdmamig_config_set_pin_budget`).
    */
   uint64_t pin_budget;
   /**
-   * The memory limit of this process's cgroup (`UINT64_MAX`: none or unknown).
+   * The memory limit of this process's cgroup (the largest value,
+   * `UINT64_MAX`: none or unknown).
    */
   uint64_t cgroup_memory_limit;
   /**
@@ -372,7 +380,7 @@ typedef struct {
    */
   uint64_t unpins;
   /**
-   * Of those, registrations of ranges hinted `RDMAMIG_HINT_COLD`.
+   * Of those, registrations of ranges hinted cold (`RDMAMIG_HINT_COLD`).
    */
   uint64_t unpins_cold;
   /**
@@ -396,7 +404,7 @@ typedef struct {
    */
   uint64_t fork_mode;
   /**
-   * Pin-all: bytes of guest RAM pre-faulted for registration so far.
+   * Pin-all: bytes of guest RAM pre-faulted or registered so far.
    */
   uint64_t pin_all_progress_bytes;
   /**
@@ -427,7 +435,7 @@ typedef struct {
  * the connection, and none may be called after `rdmamig_conn_close` or
  * `rdmamig_conn_free`.
  */
-typedef struct {
+typedef struct rdmamig_stream_ops {
   /**
    * The connection: the first argument of every callback.
    */
@@ -471,11 +479,12 @@ extern "C" {
  * `len > 0`), truncated if needed, and returns the full length of the
  * message, not counting the NUL. `(NULL, 0)` asks for the length.
  *
- * Every failing call of the connection API (`rdmamig_ram_*`,
- * `rdmamig_listener_*`, `rdmamig_connect`, `rdmamig_conn_*`, the stream
- * callbacks) sets it, including calls that fail for a NULL argument; the
- * failures that have no handle to keep their message (`rdmamig_connect`,
- * `rdmamig_listener_new`, `rdmamig_listener_accept`) have only this. A
+ * Every failing call sets it (`rdmamig_config_*`, `rdmamig_device_probe`,
+ * `rdmamig_ram_*`, `rdmamig_listener_*`, `rdmamig_connect`,
+ * `rdmamig_conn_*`, the stream callbacks), including calls that fail for a
+ * NULL argument and those that return NULL / 0 for it; the failures that
+ * have no connection to keep their message (all but `rdmamig_conn_*`)
+ * have only this. A
  * successful call does not clear it, like `errno`. Returns 0 (an empty
  * message) if no call on this thread has failed yet. A panic
  * (`RDMAMIG_ERR_PANIC`) does not set it: its message goes to stderr.
@@ -491,31 +500,24 @@ size_t rdmamig_last_error_message(char *buf, size_t len);
  *
  * Returns NULL only if rdmamig panicked. Free with `rdmamig_config_free`.
  */
-rdmamig_config *rdmamig_config_new(void);
+struct rdmamig_config *rdmamig_config_new(void);
 
 /**
  * Frees a config. NULL is a no-op. Must not be called twice on the same config.
  */
-void rdmamig_config_free(rdmamig_config *config);
+void rdmamig_config_free(struct rdmamig_config *config);
 
 /**
  * Source: ask the destination to register whole RAM blocks up front (QEMU's
  * `x-rdma-pin-all`). Destination: allow the source to ask for it. Default off.
  */
-rdmamig_status rdmamig_config_set_pin_all(rdmamig_config *config, bool pin_all);
+rdmamig_status rdmamig_config_set_pin_all(struct rdmamig_config *config, bool pin_all);
 
 /**
  * Offer (source) or accept (destination) rdmamig's own protocol extensions.
  * Off means behaving exactly as QEMU does on the wire. Default on.
  */
-rdmamig_status rdmamig_config_set_extensions(rdmamig_config *config, bool extensions);
-
-/**
- * The protocol version sent in the connection private data. Default 1 (the
- * only version QEMU speaks); only tests change it.
- */
-rdmamig_status rdmamig_config_set_protocol_version(rdmamig_config *config,
-                                                   uint32_t protocol_version);
+rdmamig_status rdmamig_config_set_extensions(struct rdmamig_config *config, bool extensions);
 
 /**
  * Upper bound, in milliseconds, for every blocking wait: name resolution,
@@ -525,7 +527,7 @@ rdmamig_status rdmamig_config_set_protocol_version(rdmamig_config *config,
  * likes): liveness bounds that. Default 30000. 0 gives
  * `RDMAMIG_ERR_INVALID_ARGUMENT` and leaves the config unchanged.
  */
-rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t timeout_ms);
+rdmamig_status rdmamig_config_set_timeout_ms(struct rdmamig_config *config, uint32_t timeout_ms);
 
 /**
  * Liveness, in milliseconds: a peer that stops answering (host down, link
@@ -538,7 +540,7 @@ rdmamig_status rdmamig_config_set_timeout_ms(rdmamig_config *config, uint32_t ti
  * of it (between 0.27 s and 4.3 s per try). Default 10000; 0 turns it off
  * (QEMU's behaviour: only connection events end a silent connection).
  */
-rdmamig_status rdmamig_config_set_liveness_ms(rdmamig_config *config, uint32_t liveness_ms);
+rdmamig_status rdmamig_config_set_liveness_ms(struct rdmamig_config *config, uint32_t liveness_ms);
 
 /**
  * Pin budget, in bytes: the most guest memory this side keeps registered
@@ -553,7 +555,7 @@ rdmamig_status rdmamig_config_set_liveness_ms(rdmamig_config *config, uint32_t l
  * CAP_IPC_LOCK; any other value is kept within that too. `UINT64_MAX`:
  * no budget of its own. The budget in effect is in `rdmamig_stats.pin_budget`.
  */
-rdmamig_status rdmamig_config_set_pin_budget(rdmamig_config *config, uint64_t bytes);
+rdmamig_status rdmamig_config_set_pin_budget(struct rdmamig_config *config, uint64_t bytes);
 
 /**
  * Whether deregistration runs on the process's unregistration worker
@@ -564,7 +566,7 @@ rdmamig_status rdmamig_config_set_pin_budget(rdmamig_config *config, uint64_t by
  * freed; `rdmamig_unregister_flush` waits for its queue. false: each
  * connection deregisters on its own thread, and `rdmamig_conn_close` waits.
  */
-rdmamig_status rdmamig_config_set_unregister_worker(rdmamig_config *config, bool worker);
+rdmamig_status rdmamig_config_set_unregister_worker(struct rdmamig_config *config, bool worker);
 
 /**
  * Destination serving a QEMU source: also accept the source's return-path
@@ -578,7 +580,7 @@ rdmamig_status rdmamig_config_set_unregister_worker(rdmamig_config *config, bool
  * `rdmamig_connect` refuses a config with it (`RDMAMIG_ERR_INVALID_ARGUMENT`).
  * Default off.
  */
-rdmamig_status rdmamig_config_set_return_path(rdmamig_config *config, bool return_path);
+rdmamig_status rdmamig_config_set_return_path(struct rdmamig_config *config, bool return_path);
 
 /**
  * Pre-shared key for peer authentication (rdmamig extension; needs the
@@ -597,7 +599,9 @@ rdmamig_status rdmamig_config_set_return_path(rdmamig_config *config, bool retur
  * in RDMA WRITEs that are neither encrypted nor integrity-protected (see
  * the README's security section).
  */
-rdmamig_status rdmamig_config_set_auth_key(rdmamig_config *config, const uint8_t *key, size_t len);
+rdmamig_status rdmamig_config_set_auth_key(struct rdmamig_config *config,
+                                           const uint8_t *key,
+                                           size_t len);
 
 /**
  * Destination: admit connections only from `prefix` (and the other
@@ -608,7 +612,7 @@ rdmamig_status rdmamig_config_set_auth_key(rdmamig_config *config, const uint8_t
  * connect. This is no authentication (addresses can be forged on a shared
  * network): use it with `rdmamig_config_set_auth_key`.
  */
-rdmamig_status rdmamig_config_allow_source(rdmamig_config *config, const char *prefix);
+rdmamig_status rdmamig_config_allow_source(struct rdmamig_config *config, const char *prefix);
 
 /**
  * Source: the most bytes per second of RAM and stream to send (QEMU's
@@ -616,7 +620,8 @@ rdmamig_status rdmamig_config_allow_source(rdmamig_config *config, const char *p
  * burst); 0 (the default): no cap. `rdmamig_conn_set_max_bandwidth` changes
  * it during a migration.
  */
-rdmamig_status rdmamig_config_set_max_bandwidth(rdmamig_config *config, uint64_t bytes_per_second);
+rdmamig_status rdmamig_config_set_max_bandwidth(struct rdmamig_config *config,
+                                                uint64_t bytes_per_second);
 
 /**
  * The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
@@ -628,7 +633,7 @@ rdmamig_status rdmamig_config_set_max_bandwidth(rdmamig_config *config, uint64_t
  * leaves it to the kernel: the port's `default_roce_tos` in rdma_cm's
  * configfs, 0 unless changed, as for QEMU.
  */
-rdmamig_status rdmamig_config_set_tos(rdmamig_config *config, uint8_t tos);
+rdmamig_status rdmamig_config_set_tos(struct rdmamig_config *config, uint8_t tos);
 
 /**
  * Connects, as the source, to a destination listening on `host:port` (a
@@ -656,9 +661,9 @@ rdmamig_status rdmamig_config_set_tos(rdmamig_config *config, uint8_t tos);
  */
 rdmamig_status rdmamig_connect(const char *host,
                                uint16_t port,
-                               const rdmamig_config *config,
-                               const rdmamig_ram *ram,
-                               rdmamig_conn **out);
+                               const struct rdmamig_config *config,
+                               const struct rdmamig_ram *ram,
+                               struct rdmamig_conn **out);
 
 /**
  * Frees a connection, closing it first if `rdmamig_conn_close` was not
@@ -671,7 +676,7 @@ rdmamig_status rdmamig_connect(const char *host,
  * NULL is a no-op. Must not be called twice, nor while any other call is
  * running on the connection. Afterwards the connection's RAM may be unmapped.
  */
-void rdmamig_conn_free(rdmamig_conn *conn);
+void rdmamig_conn_free(struct rdmamig_conn *conn);
 
 /**
  * Closes the connection and returns the outcome of the migration:
@@ -697,7 +702,7 @@ void rdmamig_conn_free(rdmamig_conn *conn);
  *
  * Thread safety: needs exclusive use of `conn`.
  */
-rdmamig_status rdmamig_conn_close(rdmamig_conn *conn);
+rdmamig_status rdmamig_conn_close(struct rdmamig_conn *conn);
 
 /**
  * What the two sides agreed on when connecting: whether whole RAM blocks are
@@ -707,7 +712,9 @@ rdmamig_status rdmamig_conn_close(rdmamig_conn *conn);
  *
  * Thread safety: may run concurrently with other `const` uses of `conn`.
  */
-rdmamig_status rdmamig_conn_negotiated(const rdmamig_conn *conn, bool *pin_all, bool *extensions);
+rdmamig_status rdmamig_conn_negotiated(const struct rdmamig_conn *conn,
+                                       bool *pin_all,
+                                       bool *extensions);
 
 /**
  * Source: opens an iteration window (one precopy round): `rdmamig_conn_save`
@@ -717,7 +724,7 @@ rdmamig_status rdmamig_conn_negotiated(const rdmamig_conn *conn, bool *pin_all, 
  * Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
  * be running).
  */
-rdmamig_status rdmamig_conn_iteration_begin(rdmamig_conn *conn);
+rdmamig_status rdmamig_conn_iteration_begin(struct rdmamig_conn *conn);
 
 /**
  * Source: queues `length` bytes at `offset` (relative to the block start) of
@@ -732,7 +739,7 @@ rdmamig_status rdmamig_conn_iteration_begin(rdmamig_conn *conn);
  * dirty-bitmap slice), and concurrently with the other functions taking a
  * `const rdmamig_conn *`; not concurrently with any other function.
  */
-rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_save(const struct rdmamig_conn *conn,
                                  uint32_t block,
                                  uint64_t offset,
                                  uint64_t length);
@@ -747,8 +754,8 @@ rdmamig_status rdmamig_conn_save(const rdmamig_conn *conn,
  *
  * Thread safety: as `rdmamig_conn_save`.
  */
-rdmamig_status rdmamig_conn_save_ranges(const rdmamig_conn *conn,
-                                        const rdmamig_range *ranges,
+rdmamig_status rdmamig_conn_save_ranges(const struct rdmamig_conn *conn,
+                                        const struct rdmamig_range *ranges,
                                         size_t count);
 
 /**
@@ -767,7 +774,7 @@ rdmamig_status rdmamig_conn_save_ranges(const rdmamig_conn *conn,
  * Thread safety: as `rdmamig_conn_save` (e.g. one caller per slice of a
  * large bitmap, each with its own `first_page`).
  */
-rdmamig_status rdmamig_conn_save_bitmap(const rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_save_bitmap(const struct rdmamig_conn *conn,
                                         uint32_t block,
                                         const uint64_t *bitmap,
                                         uint64_t first_page,
@@ -781,7 +788,8 @@ rdmamig_status rdmamig_conn_save_bitmap(const rdmamig_conn *conn,
  *
  * Thread safety: may run concurrently with other `const` uses of `conn`.
  */
-rdmamig_status rdmamig_conn_set_max_bandwidth(const rdmamig_conn *conn, uint64_t bytes_per_second);
+rdmamig_status rdmamig_conn_set_max_bandwidth(const struct rdmamig_conn *conn,
+                                              uint64_t bytes_per_second);
 
 /**
  * Source: hints how `length` bytes at `offset` of block `block` will be
@@ -796,7 +804,7 @@ rdmamig_status rdmamig_conn_set_max_bandwidth(const rdmamig_conn *conn, uint64_t
  *
  * Thread safety: as `rdmamig_conn_save`.
  */
-rdmamig_status rdmamig_conn_hint(const rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_hint(const struct rdmamig_conn *conn,
                                  uint32_t block,
                                  uint64_t offset,
                                  uint64_t length,
@@ -824,7 +832,7 @@ rdmamig_status rdmamig_unregister_flush(void);
  * returns `RDMAMIG_ERR_STATE`. The handle is only read here, although the
  * pointer is not `const` (for ABI stability).
  */
-rdmamig_status rdmamig_conn_iteration_end(rdmamig_conn *conn);
+rdmamig_status rdmamig_conn_iteration_end(struct rdmamig_conn *conn);
 
 /**
  * Source: appends `len` bytes at `data` to the device-state stream. The
@@ -833,14 +841,14 @@ rdmamig_status rdmamig_conn_iteration_end(rdmamig_conn *conn);
  *
  * Thread safety: needs exclusive use of `conn`.
  */
-rdmamig_status rdmamig_conn_put(rdmamig_conn *conn, const void *data, size_t len);
+rdmamig_status rdmamig_conn_put(struct rdmamig_conn *conn, const void *data, size_t len);
 
 /**
  * Source: sends every stream byte put so far and waits until it is out.
  *
  * Thread safety: needs exclusive use of `conn`.
  */
-rdmamig_status rdmamig_conn_flush(rdmamig_conn *conn);
+rdmamig_status rdmamig_conn_flush(struct rdmamig_conn *conn);
 
 /**
  * Destination: reads device-state stream bytes into `buf` (of `len` bytes):
@@ -861,7 +869,7 @@ rdmamig_status rdmamig_conn_flush(rdmamig_conn *conn);
  * Thread safety: takes a `const` handle, so another thread may call
  * `rdmamig_conn_abort` (or read stats) meanwhile.
  */
-rdmamig_status rdmamig_conn_get(const rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_get(const struct rdmamig_conn *conn,
                                 void *buf,
                                 size_t len,
                                 uint32_t timeout_ms,
@@ -887,7 +895,9 @@ rdmamig_status rdmamig_conn_get(const rdmamig_conn *conn,
  * at a time), so another thread may call `rdmamig_conn_get` or
  * `rdmamig_conn_abort` meanwhile.
  */
-rdmamig_status rdmamig_conn_put_return(const rdmamig_conn *conn, const void *data, size_t len);
+rdmamig_status rdmamig_conn_put_return(const struct rdmamig_conn *conn,
+                                       const void *data,
+                                       size_t len);
 
 /**
  * Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
@@ -902,7 +912,7 @@ rdmamig_status rdmamig_conn_put_return(const rdmamig_conn *conn, const void *dat
  * Thread safety: takes a `const` handle, so another thread may call
  * `rdmamig_conn_abort` (or read stats) meanwhile.
  */
-rdmamig_status rdmamig_conn_wait_iteration(const rdmamig_conn *conn,
+rdmamig_status rdmamig_conn_wait_iteration(const struct rdmamig_conn *conn,
                                            uint64_t n,
                                            uint32_t timeout_ms,
                                            uint64_t *done_out);
@@ -926,7 +936,7 @@ rdmamig_status rdmamig_conn_wait_iteration(const rdmamig_conn *conn,
  * Thread safety: takes a `const` handle, so another thread may call
  * `rdmamig_conn_abort` (or read stats) meanwhile.
  */
-rdmamig_status rdmamig_conn_wait_end(const rdmamig_conn *conn, uint32_t timeout_ms);
+rdmamig_status rdmamig_conn_wait_end(const struct rdmamig_conn *conn, uint32_t timeout_ms);
 
 /**
  * Aborts the migration: the library's thread sends the peer an ERROR
@@ -949,7 +959,7 @@ rdmamig_status rdmamig_conn_wait_end(const rdmamig_conn *conn, uint32_t timeout_
  * Thread safety: may be called from any thread, while other calls on `conn`
  * are running (that is what it is for).
  */
-rdmamig_status rdmamig_conn_abort(const rdmamig_conn *conn);
+rdmamig_status rdmamig_conn_abort(const struct rdmamig_conn *conn);
 
 /**
  * Copies the connection's last error message into `buf` (of `len` bytes),
@@ -965,7 +975,7 @@ rdmamig_status rdmamig_conn_abort(const rdmamig_conn *conn);
  *
  * Thread safety: may run concurrently with other `const` uses of `conn`.
  */
-size_t rdmamig_conn_error_message(const rdmamig_conn *conn, char *buf, size_t len);
+size_t rdmamig_conn_error_message(const struct rdmamig_conn *conn, char *buf, size_t len);
 
 /**
  * Checks that an RDMA device can be opened, and says which.
@@ -1007,8 +1017,8 @@ rdmamig_status rdmamig_device_probe(const char *name, char *name_out, size_t nam
  */
 rdmamig_status rdmamig_listener_new(const char *host,
                                     uint16_t port,
-                                    const rdmamig_config *config,
-                                    rdmamig_listener **out);
+                                    const struct rdmamig_config *config,
+                                    struct rdmamig_listener **out);
 
 /**
  * The port the listener is bound to (the one picked when it was created
@@ -1017,14 +1027,14 @@ rdmamig_status rdmamig_listener_new(const char *host,
  *
  * Thread safety: may run concurrently with other `const` uses of `listener`.
  */
-uint16_t rdmamig_listener_port(const rdmamig_listener *listener);
+uint16_t rdmamig_listener_port(const struct rdmamig_listener *listener);
 
 /**
  * Frees a listener: no more sources can connect to it. Connections already
  * accepted are not affected. NULL is a no-op. Must not be called twice, nor
  * while an `rdmamig_listener_accept` on it is running.
  */
-void rdmamig_listener_free(rdmamig_listener *listener);
+void rdmamig_listener_free(struct rdmamig_listener *listener);
 
 /**
  * Waits for a source to connect (at most `timeout_ms` milliseconds; 0 waits
@@ -1058,10 +1068,10 @@ void rdmamig_listener_free(rdmamig_listener *listener);
  * Thread safety: may run concurrently with other `const` uses of `listener`
  * and of `ram`.
  */
-rdmamig_status rdmamig_listener_accept(const rdmamig_listener *listener,
-                                       const rdmamig_ram *ram,
+rdmamig_status rdmamig_listener_accept(const struct rdmamig_listener *listener,
+                                       const struct rdmamig_ram *ram,
                                        uint32_t timeout_ms,
-                                       rdmamig_conn **out);
+                                       struct rdmamig_conn **out);
 
 /**
  * Cancels the listener: every `rdmamig_listener_accept` running on it
@@ -1074,20 +1084,20 @@ rdmamig_status rdmamig_listener_accept(const rdmamig_listener *listener,
  *
  * Thread safety: may run concurrently with other `const` uses of `listener`.
  */
-rdmamig_status rdmamig_listener_cancel(const rdmamig_listener *listener);
+rdmamig_status rdmamig_listener_cancel(const struct rdmamig_listener *listener);
 
 /**
  * A new, empty RAM registry.
  *
  * Returns NULL only if rdmamig panicked. Free with `rdmamig_ram_free`.
  */
-rdmamig_ram *rdmamig_ram_new(void);
+struct rdmamig_ram *rdmamig_ram_new(void);
 
 /**
  * Frees a RAM registry. NULL is a no-op. Must not be called twice on the
  * same registry. Connections made with it keep their own copy.
  */
-void rdmamig_ram_free(rdmamig_ram *ram);
+void rdmamig_ram_free(struct rdmamig_ram *ram);
 
 /**
  * Adds a block of guest RAM: `length` bytes of host memory at `host`, at
@@ -1112,7 +1122,7 @@ void rdmamig_ram_free(rdmamig_ram *ram);
  *
  * Thread safety: needs exclusive use of `ram`.
  */
-rdmamig_status rdmamig_ram_add_block(rdmamig_ram *ram,
+rdmamig_status rdmamig_ram_add_block(struct rdmamig_ram *ram,
                                      const char *name,
                                      void *host,
                                      uint64_t offset,
@@ -1149,7 +1159,7 @@ rdmamig_status rdmamig_ram_add_block(rdmamig_ram *ram,
  *
  * Thread safety: needs exclusive use of `ram`.
  */
-rdmamig_status rdmamig_ram_set_backing(rdmamig_ram *ram,
+rdmamig_status rdmamig_ram_set_backing(struct rdmamig_ram *ram,
                                        uint32_t block_index,
                                        int fd,
                                        uint64_t file_offset);
@@ -1160,11 +1170,11 @@ rdmamig_status rdmamig_ram_set_backing(rdmamig_ram *ram,
  *
  * Thread safety: may run concurrently with other `const` uses of `ram`.
  */
-uint32_t rdmamig_ram_block_count(const rdmamig_ram *ram);
+uint32_t rdmamig_ram_block_count(const struct rdmamig_ram *ram);
 
 /**
- * Fills `out` with the connection's counters (see `rdmamig_stats`): set
- * `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
+ * Fills `out` with the connection's counters (see `rdmamig_stats`): zero
+ * `*out` and set `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
  * fit in `out->size` bytes are filled and `out->size` is set to the bytes
  * filled. A `size` below `RDMAMIG_STATS_SIZE_V1` gives
  * `RDMAMIG_ERR_INVALID_ARGUMENT` and writes nothing; a closed connection
@@ -1173,7 +1183,7 @@ uint32_t rdmamig_ram_block_count(const rdmamig_ram *ram);
  * Thread safety: may run concurrently with other `const` uses of `conn`
  * (e.g. from a monitoring thread while `rdmamig_conn_save` runs).
  */
-rdmamig_status rdmamig_conn_get_stats(const rdmamig_conn *conn, rdmamig_stats *out);
+rdmamig_status rdmamig_conn_get_stats(const struct rdmamig_conn *conn, struct rdmamig_stats *out);
 
 /**
  * Fills `*out` with the stream callbacks of `conn` (`opaque` = `conn`):
@@ -1186,7 +1196,7 @@ rdmamig_status rdmamig_conn_get_stats(const rdmamig_conn *conn, rdmamig_stats *o
  *
  * Thread safety: needs exclusive use of `conn`, as do the callbacks.
  */
-rdmamig_status rdmamig_conn_stream_ops(rdmamig_conn *conn, rdmamig_stream_ops *out);
+rdmamig_status rdmamig_conn_stream_ops(struct rdmamig_conn *conn, struct rdmamig_stream_ops *out);
 
 /**
  * The version of the library actually loaded, as "MAJOR.MINOR.PATCH" (the same

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ABI checks on the shared library built by `make`:
 #   1. its defined dynamic symbols are exactly abi/symbols.txt (all rdmamig_*);
-#   2. abi/symbols.txt is exactly the functions declared in include/rdmamig.h;
+#   2. abi/symbols.txt is exactly the functions declared in include/rdmamig.h
+#      and, for the test-only ones, c-tests/rdmamig_testing.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
 #   4. every exported symbol carries a version node of abi/rdmamig.map
 #      (today: RDMAMIG_0.1 to RDMAMIG_0.6), none is unversioned.
@@ -46,11 +47,18 @@ if grep -v '^rdmamig_' "$tmp/golden"; then
     fail=1
 fi
 
-# 2. golden == functions declared in the header (declarations start in column 0).
-grep -E '^[A-Za-z].*\brdmamig_[a-z0-9_]+\(' include/rdmamig.h \
+# 2. golden == functions declared in the headers (declarations start in column 0).
+cat include/rdmamig.h c-tests/rdmamig_testing.h | grep -E '^[A-Za-z].*\brdmamig_[a-z0-9_]+\(' \
     | grep -oE '\brdmamig_[a-z0-9_]+\(' | tr -d '(' | LC_ALL=C sort -u > "$tmp/header"
-if ! diff -u --label abi/symbols.txt --label include/rdmamig.h "$tmp/golden" "$tmp/header"; then
-    echo "check-abi: FAIL: abi/symbols.txt and the functions of include/rdmamig.h differ" >&2
+if ! diff -u --label abi/symbols.txt --label "include/rdmamig.h + c-tests/rdmamig_testing.h" "$tmp/golden" "$tmp/header"; then
+    echo "check-abi: FAIL: abi/symbols.txt and the functions of include/rdmamig.h (+ c-tests/rdmamig_testing.h) differ" >&2
+    fail=1
+fi
+
+# 2b. the test-only functions stay out of the public header.
+grep -oE '\brdmamig_[a-z0-9_]+\(' c-tests/rdmamig_testing.h | tr -d '(' | LC_ALL=C sort -u > "$tmp/testing"
+if grep -oE '\brdmamig_[a-z0-9_]+\(' include/rdmamig.h | tr -d '(' | LC_ALL=C sort -u | comm -12 - "$tmp/testing" | grep .; then
+    echo "check-abi: FAIL: the test-only functions above are in include/rdmamig.h" >&2
     fail=1
 fi
 
@@ -82,4 +90,4 @@ if (( fail )); then
     echo "check-abi: FAIL ($lib)" >&2
     exit 1
 fi
-echo "check-abi: OK: $n symbols = abi/symbols.txt = include/rdmamig.h, SONAME $soname, versions: $nodes"
+echo "check-abi: OK: $n symbols = abi/symbols.txt = include/rdmamig.h + c-tests/rdmamig_testing.h, SONAME $soname, versions: $nodes"

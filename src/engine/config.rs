@@ -17,7 +17,10 @@ pub struct Config {
     /// Offer (source) or accept (destination) rdmamig's own protocol extensions.
     /// Off means behaving exactly as QEMU does on the wire.
     pub extensions: bool,
-    /// Protocol version sent in the connection private data. Only tests change it.
+    /// Protocol version sent in the connection private data. Only tests
+    /// change it (to check that a mismatch is refused): not part of the
+    /// documented API, as its C setter is not in the public header.
+    #[doc(hidden)]
     pub protocol_version: u32,
     /// Upper bound for every blocking wait (name resolution, connect, accept
     /// handshake, completion, peer message); a destination's wait for the

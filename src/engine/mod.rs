@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod config;
+pub(crate) mod connection;
 pub(crate) mod destination;
 pub mod device;
 mod link;
@@ -22,6 +23,7 @@ pub(crate) mod zero;
 
 pub use auth::{AuthKey, SourcePrefix};
 pub use config::Config;
+pub(crate) use connection::Connection;
 pub use destination::{Destination, Observer, Read};
 pub use link::{Listener, Negotiated};
 pub use pin::{Hint, Unregistration};

@@ -1,5 +1,6 @@
 //! What an exported function returns when it cannot run its body: after a
-//! caught panic, a NULL argument, or an argument that is not valid.
+//! caught panic. (A failed argument check returns its status, or the
+//! function's documented NULL / 0 / false, through `last_error::record_or`.)
 
 // A toolbox for the boundary functions: not every helper is used at every moment.
 #![allow(dead_code)]
@@ -11,41 +12,18 @@ pub(crate) trait PanicOrDefault {
     fn value() -> Self;
 }
 
-/// The value returned when a required pointer is NULL.
-pub(crate) trait NullParameterOrDefault {
-    fn value() -> Self;
-}
-
-/// The value returned when an argument is present but not valid.
-pub(crate) trait InvalidArgumentOrDefault {
-    fn value() -> Self;
-}
-
 impl PanicOrDefault for rdmamig_status {
     fn value() -> Self {
         rdmamig_status::RDMAMIG_ERR_PANIC
     }
 }
 
-impl NullParameterOrDefault for rdmamig_status {
-    fn value() -> Self {
-        rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER
-    }
-}
-
-impl InvalidArgumentOrDefault for rdmamig_status {
-    fn value() -> Self {
-        rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT
-    }
-}
-
 /// Functions that return nothing, a pointer, a count or a flag give the type's
-/// "nothing" (NULL, 0, false) on every failure; they must document that.
+/// "nothing" (NULL, 0, false) after a panic, as on every other failure; they
+/// must document that.
 macro_rules! defaults {
     ($($t:ty => $v:expr),* $(,)?) => {$(
         impl PanicOrDefault for $t { fn value() -> Self { $v } }
-        impl NullParameterOrDefault for $t { fn value() -> Self { $v } }
-        impl InvalidArgumentOrDefault for $t { fn value() -> Self { $v } }
     )*};
 }
 
@@ -68,4 +46,4 @@ macro_rules! pointer_defaults {
     )*};
 }
 
-pointer_defaults!(PanicOrDefault, NullParameterOrDefault, InvalidArgumentOrDefault);
+pointer_defaults!(PanicOrDefault);

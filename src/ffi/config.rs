@@ -2,7 +2,7 @@
 //! its shape when adding a handle).
 
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{bytes, handle_mut, record, string};
+use super::last_error::{bytes, handle_mut, record, string, Failure};
 use super::status::rdmamig_status;
 use crate::engine::{AuthKey, Config, SourcePrefix};
 use std::os::raw::c_char;
@@ -24,6 +24,16 @@ pub struct rdmamig_config {
 
 impl Castable for rdmamig_config {
     type RustType = Config;
+}
+
+/// Runs a setter's `change` on the config behind `config` and returns its
+/// status; a failure's message becomes the thread's last error.
+fn set(
+    config: *mut rdmamig_config,
+    func: &str,
+    change: impl FnOnce(&mut Config) -> Result<(), Failure>,
+) -> rdmamig_status {
+    record(|| change(handle_mut(config, func, "config")?))
 }
 
 /// A new config with the defaults: pin_all off, extensions on, protocol
@@ -51,9 +61,10 @@ pub extern "C" fn rdmamig_config_free(config: *mut rdmamig_config) {
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_pin_all(config: *mut rdmamig_config, pin_all: bool) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.pin_all = pin_all;
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_pin_all", |c| {
+            c.pin_all = pin_all;
+            Ok(())
+        })
     }
 }
 
@@ -62,23 +73,31 @@ pub extern "C" fn rdmamig_config_set_pin_all(config: *mut rdmamig_config, pin_al
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_extensions(config: *mut rdmamig_config, extensions: bool) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.extensions = extensions;
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_extensions", |c| {
+            c.extensions = extensions;
+            Ok(())
+        })
     }
 }
 
 /// The protocol version sent in the connection private data. Default 1 (the
 /// only version QEMU speaks); only tests change it.
+///
+/// Test-only: left out of the public header (c-tests/rdmamig_testing.h
+/// declares it) but still exported, in its original version node, so that
+/// programs built against 0.6 and earlier headers keep loading.
+///
+/// cbindgen:ignore
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_protocol_version(
     config: *mut rdmamig_config,
     protocol_version: u32,
 ) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.protocol_version = protocol_version;
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_protocol_version", |c| {
+            c.protocol_version = protocol_version;
+            Ok(())
+        })
     }
 }
 
@@ -91,12 +110,14 @@ pub extern "C" fn rdmamig_config_set_protocol_version(
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_timeout_ms(config: *mut rdmamig_config, timeout_ms: u32) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        if timeout_ms == 0 {
-            return rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT;
-        }
-        config.timeout = Duration::from_millis(u64::from(timeout_ms));
-        rdmamig_status::RDMAMIG_OK
+        const F: &str = "rdmamig_config_set_timeout_ms";
+        set(config, F, |c| {
+            if timeout_ms == 0 {
+                return Err(Failure::invalid(format!("{F}: timeout_ms is 0")));
+            }
+            c.timeout = Duration::from_millis(u64::from(timeout_ms));
+            Ok(())
+        })
     }
 }
 
@@ -112,9 +133,10 @@ pub extern "C" fn rdmamig_config_set_timeout_ms(config: *mut rdmamig_config, tim
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_liveness_ms(config: *mut rdmamig_config, liveness_ms: u32) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.liveness = (liveness_ms != 0).then(|| Duration::from_millis(u64::from(liveness_ms)));
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_liveness_ms", |c| {
+            c.liveness = (liveness_ms != 0).then(|| Duration::from_millis(u64::from(liveness_ms)));
+            Ok(())
+        })
     }
 }
 
@@ -132,9 +154,10 @@ pub extern "C" fn rdmamig_config_set_liveness_ms(config: *mut rdmamig_config, li
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_pin_budget(config: *mut rdmamig_config, bytes: u64) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.pin_budget = (bytes != 0).then_some(bytes);
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_pin_budget", |c| {
+            c.pin_budget = (bytes != 0).then_some(bytes);
+            Ok(())
+        })
     }
 }
 
@@ -148,9 +171,10 @@ pub extern "C" fn rdmamig_config_set_pin_budget(config: *mut rdmamig_config, byt
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_unregister_worker(config: *mut rdmamig_config, worker: bool) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.unregister_worker = worker;
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_unregister_worker", |c| {
+            c.unregister_worker = worker;
+            Ok(())
+        })
     }
 }
 
@@ -167,9 +191,10 @@ pub extern "C" fn rdmamig_config_set_unregister_worker(config: *mut rdmamig_conf
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_return_path(config: *mut rdmamig_config, return_path: bool) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.return_path = return_path;
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_return_path", |c| {
+            c.return_path = return_path;
+            Ok(())
+        })
     }
 }
 
@@ -196,10 +221,9 @@ pub extern "C" fn rdmamig_config_set_auth_key(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_config_set_auth_key";
-        record(|| {
-            let config = handle_mut(config, F, "config")?;
+        set(config, F, |c| {
             let key = bytes(key, len, F, "key")?;
-            config.auth_key = if key.is_empty() { None } else { Some(AuthKey::new(key)?) };
+            c.auth_key = if key.is_empty() { None } else { Some(AuthKey::new(key)?) };
             Ok(())
         })
     }
@@ -216,10 +240,9 @@ pub extern "C" fn rdmamig_config_set_auth_key(
 pub extern "C" fn rdmamig_config_allow_source(config: *mut rdmamig_config, prefix: *const c_char) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_config_allow_source";
-        record(|| {
-            let config = handle_mut(config, F, "config")?;
+        set(config, F, |c| {
             let prefix: SourcePrefix = string(prefix, F, "prefix")?.parse()?;
-            config.allowed_sources.push(prefix);
+            c.allowed_sources.push(prefix);
             Ok(())
         })
     }
@@ -235,9 +258,10 @@ pub extern "C" fn rdmamig_config_set_max_bandwidth(
     bytes_per_second: u64,
 ) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.max_bandwidth = (bytes_per_second != 0).then_some(bytes_per_second);
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_max_bandwidth", |c| {
+            c.max_bandwidth = (bytes_per_second != 0).then_some(bytes_per_second);
+            Ok(())
+        })
     }
 }
 
@@ -252,9 +276,10 @@ pub extern "C" fn rdmamig_config_set_max_bandwidth(
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_tos(config: *mut rdmamig_config, tos: u8) -> rdmamig_status {
     ffi_boundary! {
-        let config = try_mut!(config);
-        config.tos = tos;
-        rdmamig_status::RDMAMIG_OK
+        set(config, "rdmamig_config_set_tos", |c| {
+            c.tos = tos;
+            Ok(())
+        })
     }
 }
 

@@ -1,19 +1,19 @@
 //! `rdmamig_conn`: one migration connection, either role; `rdmamig_connect`.
+//! The role logic (which call fits which role, closing, the last failed
+//! call's message) is the engine's `Connection`; here are only the argument
+//! checks, the panic boundary and the mapping to `rdmamig_status`.
 
 use std::os::raw::{c_char, c_void};
 
-use parking_lot::Mutex;
-
 use super::buffer::copy_to_c_buf;
 use super::config::rdmamig_config;
-use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, try_from_mut_ptr, try_from_ptr, Castable};
+use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, Castable};
 use super::last_error::{
-    bytes, bytes_mut, handle, items, opt_out, out_ref, record, set_last_error, string, timeout_of, Failure,
+    bytes, bytes_mut, handle, handle_mut, items, opt_out, out_ref, record, record_or, string, timeout_of, Failure,
 };
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Destination, Ending, Hint, Read, SaveRange, Source, Stats, Unregistration};
-use std::sync::Arc;
+use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistration};
 
 /// One end of a migration connection: a source (made by `rdmamig_connect`)
 /// or a destination (made by `rdmamig_listener_accept`). A call that does
@@ -44,172 +44,56 @@ pub struct rdmamig_conn {
 }
 
 impl Castable for rdmamig_conn {
-    type RustType = Conn;
+    type RustType = Connection;
 }
 
-pub(crate) enum Role {
-    Source(Source),
-    Destination(Destination),
-    /// After `rdmamig_conn_close`.
-    Closed,
-}
-
-/// What an `rdmamig_conn` points to.
-pub(crate) struct Conn {
-    role: Role,
-    /// The message of the last failed call on this connection.
-    last_error: Mutex<Option<String>>,
-    /// Keeps the unregistration worker running until `rdmamig_conn_free`,
-    /// so that `rdmamig_conn_close` does not wait for deregistration.
-    _unregistration: Option<Arc<Unregistration>>,
-}
-
-/// `rdmamig_conn_save` runs concurrently on one `&Source`.
-const _: () = {
-    const fn is_sync<T: Sync>() {}
-    is_sync::<Source>();
-    is_sync::<Destination>();
-};
-
-impl Conn {
-    pub(crate) fn new(role: Role) -> Self {
-        let unregistration = match &role {
-            Role::Source(s) => s.unregistration(),
-            Role::Destination(d) => d.unregistration(),
-            Role::Closed => None,
-        };
-        Conn { role, last_error: Mutex::new(None), _unregistration: unregistration }
-    }
-
-    /// Runs `body`; on failure keeps its message here and as the thread's
-    /// last error. Returns the status (`RDMAMIG_OK`, or an ending, on success).
-    pub(crate) fn run<S: Into<rdmamig_status>>(
-        &self,
-        body: impl FnOnce(&Self) -> Result<S, Failure>,
-    ) -> rdmamig_status {
-        let r = body(self);
-        self.status(r)
-    }
-
-    /// As [`Conn::run`], for calls that need exclusive use.
-    pub(crate) fn run_mut<S: Into<rdmamig_status>>(
-        &mut self,
-        body: impl FnOnce(&mut Self) -> Result<S, Failure>,
-    ) -> rdmamig_status {
-        let r = body(self);
-        self.status(r)
-    }
-
-    fn status<S: Into<rdmamig_status>>(&self, r: Result<S, Failure>) -> rdmamig_status {
-        match r {
-            Ok(s) => s.into(),
-            Err(f) => {
-                set_last_error(&f.message);
-                *self.last_error.lock() = Some(f.message);
-                f.status
-            }
-        }
-    }
-
-    fn wrong_role(&self, func: &str, wanted: &str) -> Failure {
-        wrong_role(&self.role, func, wanted)
-    }
-
-    pub(crate) fn source(&self, func: &str) -> Result<&Source, Failure> {
-        match &self.role {
-            Role::Source(s) => Ok(s),
-            _ => Err(self.wrong_role(func, "source")),
-        }
-    }
-
-    pub(crate) fn source_mut(&mut self, func: &str) -> Result<&mut Source, Failure> {
-        match &mut self.role {
-            Role::Source(s) => Ok(s),
-            other => Err(wrong_role(other, func, "source")),
-        }
-    }
-
-    pub(crate) fn destination(&self, func: &str) -> Result<&Destination, Failure> {
-        match &self.role {
-            Role::Destination(d) => Ok(d),
-            _ => Err(self.wrong_role(func, "destination")),
-        }
-    }
-
-    pub(crate) fn is_source(&self) -> bool {
-        matches!(self.role, Role::Source(_))
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        matches!(self.role, Role::Closed)
-    }
-
-    pub(crate) fn stats(&self, func: &str) -> Result<Stats, Failure> {
-        match &self.role {
-            Role::Source(s) => Ok(s.stats()),
-            Role::Destination(d) => Ok(d.stats()),
-            Role::Closed => Err(self.wrong_role(func, "open")),
-        }
-    }
-
-    /// The last failed call's message, else the failure that ended the connection.
-    fn error_message(&self) -> Option<String> {
-        let ended = || match &self.role {
-            Role::Source(s) => s.error(),
-            Role::Destination(d) => d.error(),
-            Role::Closed => None,
-        };
-        self.last_error.lock().clone().or_else(|| ended().map(|e| e.message))
-    }
-
-    /// Closes: a source flushes, runs the completion handshake and
-    /// disconnects; a destination stops serving. `RDMAMIG_OK` only for a
-    /// completed migration.
-    fn close(&mut self, func: &str) -> Result<rdmamig_status, Failure> {
-        let ending = match std::mem::replace(&mut self.role, Role::Closed) {
-            Role::Source(s) => s.close()?,
-            Role::Destination(d) => {
-                d.close();
-                d.wait_end(None)?
-            }
-            Role::Closed => return Err(self.wrong_role(func, "open")),
-        };
-        Ok(match ending {
-            Ending::Completed => rdmamig_status::RDMAMIG_OK,
-            Ending::Unverified => rdmamig_status::RDMAMIG_END_UNVERIFIED,
-        })
+/// Runs `body` on the connection behind `conn` and returns its status; a
+/// failure's message is kept in the connection and as the thread's last
+/// error, a NULL `conn` only as the latter.
+pub(crate) fn run<S: Into<rdmamig_status>>(
+    conn: *const rdmamig_conn,
+    func: &str,
+    body: impl FnOnce(&Connection) -> Result<S, Failure>,
+) -> rdmamig_status {
+    match handle(conn, func, "conn") {
+        Ok(c) => keep(c, body(c)),
+        Err(f) => f.record(),
     }
 }
 
-/// The failure for a call that does not fit the connection's role.
-fn wrong_role(role: &Role, func: &str, wanted: &str) -> Failure {
-    match role {
-        Role::Closed => Failure::state(format!("{func}: the connection is closed; only rdmamig_conn_free is valid")),
-        Role::Source(_) => Failure::state(format!("{func}: needs a {wanted} connection, this one is a source")),
-        Role::Destination(_) => {
-            Failure::state(format!("{func}: needs a {wanted} connection, this one is a destination"))
+/// As [`run`], for calls that need exclusive use.
+pub(crate) fn run_mut<S: Into<rdmamig_status>>(
+    conn: *mut rdmamig_conn,
+    func: &str,
+    body: impl FnOnce(&mut Connection) -> Result<S, Failure>,
+) -> rdmamig_status {
+    match handle_mut(conn, func, "conn") {
+        Ok(c) => {
+            let r = body(c);
+            keep(c, r)
+        }
+        Err(f) => f.record(),
+    }
+}
+
+/// The status of `r`, a call on `conn`; a failure's message is kept in the
+/// connection and as the thread's last error.
+pub(crate) fn keep<S: Into<rdmamig_status>>(conn: &Connection, r: Result<S, Failure>) -> rdmamig_status {
+    match r {
+        Ok(s) => s.into(),
+        Err(f) => {
+            conn.set_last_error(&f.message);
+            f.record()
         }
     }
 }
 
-/// The connection behind a `const` handle; NULL fails (thread's last error only).
-macro_rules! conn_ref {
-    ($conn:ident, $func:expr) => {
-        match try_from_ptr($conn) {
-            Some(c) => c,
-            None => return record(|| Err(Failure::null($func, "conn"))),
-        }
-    };
-}
-
-/// The connection behind a non-`const` handle; NULL as in `conn_ref!`.
-macro_rules! conn_mut {
-    ($conn:ident, $func:expr) => {
-        match try_from_mut_ptr($conn) {
-            Some(c) => c,
-            None => return record(|| Err(Failure::null($func, "conn"))),
-        }
-    };
+/// How `rdmamig_conn_close` reports a migration that ended without failing.
+fn close_status(ending: Ending) -> rdmamig_status {
+    match ending {
+        Ending::Completed => rdmamig_status::RDMAMIG_OK,
+        Ending::Unverified => rdmamig_status::RDMAMIG_END_UNVERIFIED,
+    }
 }
 
 /// Connects, as the source, to a destination listening on `host:port` (a
@@ -250,7 +134,7 @@ pub extern "C" fn rdmamig_connect(
             let ram = handle(ram, F, "ram")?;
             let out = out_ref(out, F, "out")?;
             let source = Source::connect(host, port, config, ram)?;
-            *out = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Source(source)));
+            *out = to_boxed_mut_ptr::<rdmamig_conn>(Connection::source(source));
             Ok(())
         })
     }
@@ -270,7 +154,8 @@ pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
     ffi_boundary! {
         if let Some(mut conn) = try_box_from_ptr(conn) {
             if !conn.is_closed() {
-                let _ = conn.run_mut(|c| c.close("rdmamig_conn_free"));
+                let r = conn.close("rdmamig_conn_free");
+                keep(&conn, r.map(close_status).map_err(Failure::from));
             }
         }
     }
@@ -302,8 +187,7 @@ pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
 pub extern "C" fn rdmamig_conn_close(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_close";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| c.close(F))
+        run_mut(conn, F, |c| Ok(close_status(c.close(F)?)))
     }
 }
 
@@ -321,13 +205,8 @@ pub extern "C" fn rdmamig_conn_negotiated(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_negotiated";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
-            let n = match &c.role {
-                Role::Source(s) => s.negotiated(),
-                Role::Destination(d) => d.negotiated(),
-                Role::Closed => return Err(c.wrong_role(F, "open")),
-            };
+        run(conn, F, |c| {
+            let n = c.negotiated(F)?;
             if let Some(p) = opt_out(pin_all) {
                 *p = n.pin_all;
             }
@@ -349,8 +228,7 @@ pub extern "C" fn rdmamig_conn_negotiated(
 pub extern "C" fn rdmamig_conn_iteration_begin(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_iteration_begin";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| Ok(c.source_mut(F)?.iteration_begin()?))
+        run_mut(conn, F, |c| Ok(c.as_source_mut(F)?.iteration_begin()?))
     }
 }
 
@@ -369,8 +247,7 @@ pub extern "C" fn rdmamig_conn_iteration_begin(conn: *mut rdmamig_conn) -> rdmam
 pub extern "C" fn rdmamig_conn_save(conn: *const rdmamig_conn, block: u32, offset: u64, length: u64) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_save";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| Ok(c.source(F)?.save(block, offset, length)?))
+        run(conn, F, |c| Ok(c.as_source(F)?.save(block, offset, length)?))
     }
 }
 
@@ -401,14 +278,13 @@ pub extern "C" fn rdmamig_conn_save_ranges(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_save_ranges";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
+        run(conn, F, |c| {
             let ranges = items(ranges, count, F, "ranges")?;
             if let Some(i) = ranges.iter().position(|r| r.reserved != 0) {
                 return Err(Failure::invalid(format!("{F}: ranges[{i}].reserved is not 0")));
             }
             let ranges = ranges.iter().map(|r| SaveRange { block: r.block, offset: r.offset, len: r.length });
-            Ok(c.source(F)?.save_ranges(ranges)?)
+            Ok(c.as_source(F)?.save_ranges(ranges)?)
         })
     }
 }
@@ -438,12 +314,11 @@ pub extern "C" fn rdmamig_conn_save_bitmap(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_save_bitmap";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
+        run(conn, F, |c| {
             let words = usize::try_from(page_count.div_ceil(64))
                 .map_err(|_| Failure::invalid(format!("{F}: page_count {page_count} is too large")))?;
             let bitmap = items(bitmap, words, F, "bitmap")?;
-            Ok(c.source(F)?.save_bitmap(block, bitmap, first_page, page_count, page_size)?)
+            Ok(c.as_source(F)?.save_bitmap(block, bitmap, first_page, page_count, page_size)?)
         })
     }
 }
@@ -457,9 +332,8 @@ pub extern "C" fn rdmamig_conn_save_bitmap(
 pub extern "C" fn rdmamig_conn_set_max_bandwidth(conn: *const rdmamig_conn, bytes_per_second: u64) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_set_max_bandwidth";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
-            c.source(F)?.set_max_bandwidth((bytes_per_second != 0).then_some(bytes_per_second));
+        run(conn, F, |c| {
+            c.as_source(F)?.set_max_bandwidth((bytes_per_second != 0).then_some(bytes_per_second));
             Ok(())
         })
     }
@@ -500,9 +374,8 @@ pub extern "C" fn rdmamig_conn_hint(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_hint";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
-            let source = c.source(F)?;
+        run(conn, F, |c| {
+            let source = c.as_source(F)?;
             let hint = match hint {
                 h if h == rdmamig_hint::RDMAMIG_HINT_NORMAL as u32 => Hint::Normal,
                 h if h == rdmamig_hint::RDMAMIG_HINT_COLD as u32 => Hint::Cold,
@@ -544,8 +417,7 @@ pub extern "C" fn rdmamig_unregister_flush() -> rdmamig_status {
 pub extern "C" fn rdmamig_conn_iteration_end(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_iteration_end";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| Ok(c.source(F)?.iteration_end()?))
+        run(conn, F, |c| Ok(c.as_source(F)?.iteration_end()?))
     }
 }
 
@@ -558,10 +430,9 @@ pub extern "C" fn rdmamig_conn_iteration_end(conn: *mut rdmamig_conn) -> rdmamig
 pub extern "C" fn rdmamig_conn_put(conn: *mut rdmamig_conn, data: *const c_void, len: usize) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_put";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| {
+        run_mut(conn, F, |c| {
             let data = bytes(data.cast::<u8>(), len, F, "data")?;
-            Ok(c.source_mut(F)?.put(data)?)
+            Ok(c.as_source_mut(F)?.put(data)?)
         })
     }
 }
@@ -573,8 +444,7 @@ pub extern "C" fn rdmamig_conn_put(conn: *mut rdmamig_conn, data: *const c_void,
 pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_flush";
-        let conn = conn_mut!(conn, F);
-        conn.run_mut(|c| Ok(c.source_mut(F)?.flush()?))
+        run_mut(conn, F, |c| Ok(c.as_source_mut(F)?.flush()?))
     }
 }
 
@@ -605,11 +475,10 @@ pub extern "C" fn rdmamig_conn_get(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_get";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
+        run(conn, F, |c| {
             let buf = bytes_mut(buf.cast::<u8>(), len, F, "buf")?;
             let read_out = out_ref(read_out, F, "read_out")?;
-            Ok(match c.destination(F)?.get(buf, timeout_of(timeout_ms))? {
+            Ok(match c.as_destination(F)?.get(buf, timeout_of(timeout_ms))? {
                 Read::Bytes(n) => {
                     *read_out = n;
                     rdmamig_status::RDMAMIG_OK
@@ -649,10 +518,9 @@ pub extern "C" fn rdmamig_conn_put_return(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_put_return";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
+        run(conn, F, |c| {
             let data = bytes(data.cast::<u8>(), len, F, "data")?;
-            Ok(c.destination(F)?.put_return(data)?)
+            Ok(c.as_destination(F)?.put_return(data)?)
         })
     }
 }
@@ -677,9 +545,8 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_wait_iteration";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
-            let done = c.destination(F)?.wait_iteration(n, timeout_of(timeout_ms))?;
+        run(conn, F, |c| {
+            let done = c.as_destination(F)?.wait_iteration(n, timeout_of(timeout_ms))?;
             if let Some(d) = opt_out(done_out) {
                 *d = done;
             }
@@ -709,8 +576,7 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
 pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u32) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_wait_end";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| Ok(c.destination(F)?.wait_end(timeout_of(timeout_ms))?))
+        run(conn, F, |c| Ok(c.as_destination(F)?.wait_end(timeout_of(timeout_ms))?))
     }
 }
 
@@ -737,15 +603,7 @@ pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u
 pub extern "C" fn rdmamig_conn_abort(conn: *const rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_abort";
-        let conn = conn_ref!(conn, F);
-        conn.run(|c| {
-            match &c.role {
-                Role::Source(s) => s.abort(),
-                Role::Destination(d) => d.abort(),
-                Role::Closed => return Err(c.wrong_role(F, "open")),
-            }
-            Ok(())
-        })
+        run(conn, F, |c| Ok(c.abort(F)?))
     }
 }
 
@@ -764,13 +622,8 @@ pub extern "C" fn rdmamig_conn_abort(conn: *const rdmamig_conn) -> rdmamig_statu
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_error_message(conn: *const rdmamig_conn, buf: *mut c_char, len: usize) -> usize {
     ffi_boundary! {
-        match try_from_ptr(conn) {
-            Some(conn) => copy_to_c_buf(conn.error_message().as_deref().unwrap_or(""), buf, len),
-            None => {
-                set_last_error("rdmamig_conn_error_message: conn is NULL");
-                copy_to_c_buf("", buf, len)
-            }
-        }
+        let message = record_or(None, || Ok(handle(conn, "rdmamig_conn_error_message", "conn")?.error_message()));
+        copy_to_c_buf(message.as_deref().unwrap_or(""), buf, len)
     }
 }
 
@@ -826,7 +679,7 @@ mod tests {
 
     #[test]
     fn closed_conn_gives_state_and_keeps_the_message() {
-        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Closed));
+        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Connection::closed());
         assert_eq!(message(conn), "");
         assert_eq!(rdmamig_conn_iteration_begin(conn), RDMAMIG_ERR_STATE);
         assert!(message(conn).contains("closed"), "{}", message(conn));

@@ -1,6 +1,7 @@
 //! Device probe.
 
 use super::buffer::copy_to_c_buf;
+use super::last_error::{opt_string, record, Failure};
 use super::status::rdmamig_status;
 use std::os::raw::c_char;
 
@@ -32,21 +33,22 @@ pub extern "C" fn rdmamig_device_probe(
     name_out_len: usize,
 ) -> rdmamig_status {
     ffi_boundary! {
-        let name = try_opt_cstr!(name);
-        if name_out.is_null() && name_out_len != 0 {
-            return rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER;
-        }
-        match crate::engine::device::probe_device(name) {
-            Ok(found) => {
-                let needed = copy_to_c_buf(&found, name_out, name_out_len);
-                if name_out_len != 0 && needed >= name_out_len {
-                    rdmamig_status::RDMAMIG_ERR_BUFFER_TOO_SMALL
-                } else {
-                    rdmamig_status::RDMAMIG_OK
-                }
+        const F: &str = "rdmamig_device_probe";
+        record(|| {
+            let name = opt_string(name, F, "name")?;
+            if name_out.is_null() && name_out_len != 0 {
+                return Err(Failure::null(F, "name_out"));
             }
-            Err(e) => e.into(),
-        }
+            let found = crate::engine::device::probe_device(name)?;
+            let needed = copy_to_c_buf(&found, name_out, name_out_len);
+            if name_out_len != 0 && needed >= name_out_len {
+                return Err(Failure::new(
+                    rdmamig_status::RDMAMIG_ERR_BUFFER_TOO_SMALL,
+                    format!("{F}: the name {found:?} needs {} bytes, name_out_len is {name_out_len}", needed + 1),
+                ));
+            }
+            Ok(())
+        })
     }
 }
 

@@ -51,27 +51,6 @@ pub(crate) fn try_box_from_ptr<C: Castable>(ptr: *mut C) -> Option<Box<C::RustTy
     Some(unsafe { Box::from_raw(ptr.cast::<C::RustType>()) })
 }
 
-/// `*const T` from either `*const T` or `*mut T` (for `try_ref!`, keeping the
-/// pointee type known to inference, which `as *const _` would not).
-pub(crate) trait ConstPtr {
-    type Target;
-    fn const_ptr(self) -> *const Self::Target;
-}
-
-impl<T> ConstPtr for *const T {
-    type Target = T;
-    fn const_ptr(self) -> *const T {
-        self
-    }
-}
-
-impl<T> ConstPtr for *mut T {
-    type Target = T;
-    fn const_ptr(self) -> *const T {
-        self.cast_const()
-    }
-}
-
 /// Borrows the Rust value behind a handle; `None` for NULL.
 pub(crate) fn try_from_ptr<'a, C: Castable>(ptr: *const C) -> Option<&'a C::RustType> {
     // SAFETY: as in `try_box_from_ptr`; the C caller keeps the handle alive and
@@ -122,10 +101,11 @@ pub(crate) fn try_slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T
     Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
-/// Every macro and helper, on a dummy handle, as the engine's handles use them.
+/// The toolkit (`last_error.rs`) on a dummy handle, as the real handles use it.
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::last_error::{handle, handle_mut, items, out_ref, record, record_or, string, Failure};
     use crate::ffi::status::rdmamig_status::{self, *};
 
     pub struct rdmamig_dummy {
@@ -150,19 +130,21 @@ mod tests {
     }
 
     extern "C" fn dummy_len(d: *const rdmamig_dummy) -> usize {
-        ffi_boundary! { try_ref!(d).len() }
+        ffi_boundary! { record_or(0, || Ok(handle(d, "dummy_len", "d")?.len())) }
     }
 
     extern "C" fn dummy_is_empty(d: *const rdmamig_dummy) -> bool {
-        ffi_boundary! { try_ref!(d).is_empty() }
+        ffi_boundary! { record_or(false, || Ok(handle(d, "dummy_is_empty", "d")?.is_empty())) }
     }
 
     extern "C" fn dummy_push(d: *mut rdmamig_dummy, values: *const u32, n: usize) -> rdmamig_status {
         ffi_boundary! {
-            let d = try_mut!(d);
-            let values = try_slice!(values, n);
-            d.extend_from_slice(values);
-            RDMAMIG_OK
+            const F: &str = "dummy_push";
+            record(|| {
+                let d = handle_mut(d, F, "d")?;
+                d.extend_from_slice(items(values, n, F, "values")?);
+                Ok(())
+            })
         }
     }
 
@@ -173,39 +155,47 @@ mod tests {
         written: *mut usize,
     ) -> rdmamig_status {
         ffi_boundary! {
-            let d = try_ref!(d);
-            let written = try_out!(written);
-            let out = try_slice_mut!(out, n);
-            if out.len() < d.len() {
-                return RDMAMIG_ERR_BUFFER_TOO_SMALL;
-            }
-            out[..d.len()].copy_from_slice(d);
-            *written = d.len();
-            RDMAMIG_OK
+            const F: &str = "dummy_copy_out";
+            record(|| {
+                let d = handle(d, F, "d")?;
+                let written = out_ref(written, F, "written")?;
+                let out = try_slice_mut(out, n).ok_or_else(|| Failure::null(F, "out"))?;
+                if out.len() < d.len() {
+                    return Err(Failure::new(RDMAMIG_ERR_BUFFER_TOO_SMALL, "short"));
+                }
+                out[..d.len()].copy_from_slice(d);
+                *written = d.len();
+                Ok(())
+            })
         }
     }
 
     extern "C" fn dummy_push_name_len(d: *mut rdmamig_dummy, name: *const c_char) -> rdmamig_status {
         ffi_boundary! {
-            let d = try_mut!(d);
-            let name = try_cstr!(name);
-            d.push(name.len() as u32);
-            RDMAMIG_OK
+            const F: &str = "dummy_push_name_len";
+            record(|| {
+                let d = handle_mut(d, F, "d")?;
+                d.push(string(name, F, "name")?.len() as u32);
+                Ok(())
+            })
         }
     }
 
     /// A consuming call: takes the handle back and returns its sum.
     extern "C" fn dummy_into_sum(d: *mut rdmamig_dummy, sum: *mut u32) -> rdmamig_status {
         ffi_boundary! {
-            let sum = try_out!(sum);
-            let d = try_box!(d);
-            *sum = d.iter().sum();
-            RDMAMIG_OK
+            const F: &str = "dummy_into_sum";
+            record(|| {
+                let sum = out_ref(sum, F, "sum")?;
+                let d = try_box_from_ptr(d).ok_or_else(|| Failure::null(F, "d"))?;
+                *sum = d.iter().sum();
+                Ok(())
+            })
         }
     }
 
     #[test]
-    fn macros_on_a_dummy_handle() {
+    fn toolkit_on_a_dummy_handle() {
         let null = std::ptr::null_mut::<rdmamig_dummy>();
         assert!(dummy_new(true).is_null(), "panic gives NULL");
         assert_eq!(dummy_len(null), 0);
@@ -243,7 +233,7 @@ mod tests {
         extern "C" fn fails() -> rdmamig_status {
             ffi_boundary! {
                 let r: crate::Result<()> = Err(crate::Error::new(crate::ErrorKind::BlockMismatch, "x"));
-                r.into()
+                record(|| Ok(r?))
             }
         }
         assert_eq!(fails(), rdmamig_status::RDMAMIG_ERR_BLOCK_MISMATCH);

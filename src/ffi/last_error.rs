@@ -2,11 +2,15 @@
 //! and the [`Failure`] plumbing the migration functions use to record a
 //! message before returning its status.
 //!
-//! A function body that can fail with a message is written as a closure
-//! returning `Result<T, Failure>` and run by [`record`] (no handle) or by the
-//! connection's own recorder (`conn.rs`), which store the message and return
-//! the status. The pointer helpers below are the message-keeping flavour of
-//! `try_ref!`/`try_cstr!`/...: same checks, same statuses.
+//! This is the layer's one argument-checking toolkit. Every exported
+//! function's body (inside `ffi_boundary!`) is a closure returning
+//! `Result<T, Failure>`, run by [`record`] (no handle), [`record_or`] (a
+//! function returning a value rather than a status) or by the connection's
+//! own recorder (`conn.rs`), which keep the message and return the status.
+//! Its arguments are checked by the helpers below ([`handle`], [`out_ref`],
+//! [`string`], [`bytes`], ...), each naming the function and the argument in
+//! its message: a NULL gives `RDMAMIG_ERR_NULL_PARAMETER`, text that is not
+//! UTF-8 `RDMAMIG_ERR_INVALID_ARGUMENT`.
 
 use std::cell::RefCell;
 use std::os::raw::c_char;
@@ -51,8 +55,10 @@ impl Failure {
         Self::new(rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT, message)
     }
 
-    pub fn state(message: impl Into<String>) -> Self {
-        Self::new(rdmamig_status::RDMAMIG_ERR_STATE, message)
+    /// Keeps the message as this thread's last error; returns the status.
+    pub fn record(self) -> rdmamig_status {
+        set_last_error(&self.message);
+        self.status
     }
 }
 
@@ -63,15 +69,21 @@ impl From<Error> for Failure {
 }
 
 /// Runs `body`; on failure keeps its message as this thread's last error.
-/// Returns the status.
-pub(crate) fn record(body: impl FnOnce() -> Result<(), Failure>) -> rdmamig_status {
+/// Returns the status (`RDMAMIG_OK`, or what `body` returned, on success).
+pub(crate) fn record<S: Into<rdmamig_status>>(body: impl FnOnce() -> Result<S, Failure>) -> rdmamig_status {
     match body() {
-        Ok(()) => rdmamig_status::RDMAMIG_OK,
-        Err(f) => {
-            set_last_error(&f.message);
-            f.status
-        }
+        Ok(s) => s.into(),
+        Err(f) => f.record(),
     }
+}
+
+/// [`record`] for a function that returns a value instead of a status:
+/// `failed` (its documented NULL / 0 / false) on failure.
+pub(crate) fn record_or<T>(failed: T, body: impl FnOnce() -> Result<T, Failure>) -> T {
+    body().unwrap_or_else(|f| {
+        f.record();
+        failed
+    })
 }
 
 /// `&RustType` behind a handle; NULL fails with `RDMAMIG_ERR_NULL_PARAMETER`.
@@ -98,11 +110,12 @@ pub(crate) fn opt_out<'a, T>(ptr: *mut T) -> Option<&'a mut T> {
 
 /// A required C string; NULL as in [`handle`], not UTF-8 gives `RDMAMIG_ERR_INVALID_ARGUMENT`.
 pub(crate) fn string<'a>(ptr: *const c_char, func: &str, arg: &str) -> Result<&'a str, Failure> {
-    match opt_str_from_ptr(ptr) {
-        Ok(Some(s)) => Ok(s),
-        Ok(None) => Err(Failure::null(func, arg)),
-        Err(()) => Err(Failure::invalid(format!("{func}: {arg} is not UTF-8"))),
-    }
+    opt_string(ptr, func, arg)?.ok_or_else(|| Failure::null(func, arg))
+}
+
+/// An optional C string: `None` for NULL; not UTF-8 as in [`string`].
+pub(crate) fn opt_string<'a>(ptr: *const c_char, func: &str, arg: &str) -> Result<Option<&'a str>, Failure> {
+    opt_str_from_ptr(ptr).map_err(|()| Failure::invalid(format!("{func}: {arg} is not UTF-8")))
 }
 
 /// `(ptr, len)` as bytes; NULL with `len > 0` as in [`handle`].
@@ -130,11 +143,12 @@ pub(crate) fn timeout_of(ms: u32) -> Option<Duration> {
 /// `len > 0`), truncated if needed, and returns the full length of the
 /// message, not counting the NUL. `(NULL, 0)` asks for the length.
 ///
-/// Every failing call of the connection API (`rdmamig_ram_*`,
-/// `rdmamig_listener_*`, `rdmamig_connect`, `rdmamig_conn_*`, the stream
-/// callbacks) sets it, including calls that fail for a NULL argument; the
-/// failures that have no handle to keep their message (`rdmamig_connect`,
-/// `rdmamig_listener_new`, `rdmamig_listener_accept`) have only this. A
+/// Every failing call sets it (`rdmamig_config_*`, `rdmamig_device_probe`,
+/// `rdmamig_ram_*`, `rdmamig_listener_*`, `rdmamig_connect`,
+/// `rdmamig_conn_*`, the stream callbacks), including calls that fail for a
+/// NULL argument and those that return NULL / 0 for it; the failures that
+/// have no connection to keep their message (all but `rdmamig_conn_*`)
+/// have only this. A
 /// successful call does not clear it, like `errno`. Returns 0 (an empty
 /// message) if no call on this thread has failed yet. A panic
 /// (`RDMAMIG_ERR_PANIC`) does not set it: its message goes to stderr.
@@ -163,14 +177,18 @@ mod tests {
     #[test]
     fn record_keeps_the_message_per_thread() {
         assert_eq!(record(|| Ok(())), rdmamig_status::RDMAMIG_OK);
-        let s = record(|| Err(Failure::null("rdmamig_x", "out")));
+        let s = record(|| Err::<(), _>(Failure::null("rdmamig_x", "out")));
         assert_eq!(s, rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(last(), "rdmamig_x: out is NULL");
         assert_eq!(record(|| Ok(())), rdmamig_status::RDMAMIG_OK);
         assert_eq!(last(), "rdmamig_x: out is NULL", "success does not clear it");
         std::thread::spawn(|| assert_eq!(last(), "")).join().unwrap();
-        let s = record(|| Err(Error::new(ErrorKind::Timeout, "slow").into()));
+        let s = record(|| Err::<(), _>(Error::new(ErrorKind::Timeout, "slow").into()));
         assert_eq!((s, last().as_str()), (rdmamig_status::RDMAMIG_ERR_TIMEOUT, "slow"));
+        // A function returning a value gives its "nothing" and keeps the message too.
+        assert_eq!(record_or(7u32, || Ok(3)), 3);
+        assert_eq!(record_or(0u32, || Err(Failure::invalid("rdmamig_y: bad"))), 0);
+        assert_eq!(last(), "rdmamig_y: bad");
     }
 
     #[test]

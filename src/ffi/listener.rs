@@ -3,12 +3,12 @@
 use std::os::raw::c_char;
 
 use super::config::rdmamig_config;
-use super::conn::{rdmamig_conn, Conn, Role};
-use super::handle::{free_box, to_boxed_mut_ptr, try_from_ptr, Castable};
-use super::last_error::{handle, out_ref, record, set_last_error, string, timeout_of};
+use super::conn::rdmamig_conn;
+use super::handle::{free_box, to_boxed_mut_ptr, Castable};
+use super::last_error::{handle, out_ref, record, record_or, string, timeout_of};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Destination, Listener};
+use crate::engine::{Connection, Destination, Listener};
 
 /// A destination's listening rdma_cm endpoint, bound to the address of an
 /// RDMA device.
@@ -74,13 +74,7 @@ pub extern "C" fn rdmamig_listener_new(
 #[no_mangle]
 pub extern "C" fn rdmamig_listener_port(listener: *const rdmamig_listener) -> u16 {
     ffi_boundary! {
-        match try_from_ptr(listener) {
-            Some(l) => l.port(),
-            None => {
-                set_last_error("rdmamig_listener_port: listener is NULL");
-                0
-            }
-        }
+        record_or(0, || Ok(handle(listener, "rdmamig_listener_port", "listener")?.port()))
     }
 }
 
@@ -138,7 +132,7 @@ pub extern "C" fn rdmamig_listener_accept(
             let ram = handle(ram, F, "ram")?;
             let out = out_ref(out, F, "out")?;
             let destination = Destination::accept(listener, ram, timeout_of(timeout_ms))?;
-            *out = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Destination(destination)));
+            *out = to_boxed_mut_ptr::<rdmamig_conn>(Connection::destination(destination));
             Ok(())
         })
     }

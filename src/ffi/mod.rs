@@ -9,9 +9,12 @@
 //! - Handles are opaque zero-sized structs (`pub struct rdmamig_x { _private: [u8; 0] }`)
 //!   tied to their Rust type by [`handle::Castable`]; they are created and freed
 //!   only by the library. `_free(NULL)` is a no-op.
-//! - Pointers are checked with `try_ref!`, `try_mut!`, `try_cstr!`, `try_slice!`,
-//!   `try_slice_mut!` before use; a NULL gives `RDMAMIG_ERR_NULL_PARAMETER`
-//!   (or NULL / 0 / false).
+//! - Arguments are checked with one toolkit, `last_error.rs`: the body is a
+//!   closure returning `Result<_, Failure>` run by `record` (or `record_or`,
+//!   or a connection's `conn::run`), and each pointer goes through `handle`,
+//!   `handle_mut`, `out_ref`, `string`, `bytes`, `items`, ... first; a NULL
+//!   gives `RDMAMIG_ERR_NULL_PARAMETER` (or NULL / 0 / false), and every
+//!   failure keeps a message naming the function and the argument.
 //! - Errors: [`rdmamig_status`]; a `crate::Error` converts with `.into()` or
 //!   [`status::status_of`].
 //!

@@ -4,10 +4,9 @@ use std::os::fd::BorrowedFd;
 use std::os::raw::{c_char, c_int, c_void};
 
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{handle_mut, opt_out, record, set_last_error, string};
+use super::last_error::{handle, handle_mut, opt_out, record, record_or, string, Failure};
 use super::status::rdmamig_status;
 use crate::engine::RamBlocks;
-use crate::{Error, ErrorKind};
 
 /// The hypervisor's guest RAM: a list of blocks, each a range of host memory
 /// with a name (QEMU's RAMBlock idstr), its offset in the hypervisor's RAM
@@ -139,7 +138,7 @@ pub extern "C" fn rdmamig_ram_set_backing(
         record(|| {
             let ram = handle_mut(ram, F, "ram")?;
             if fd < 0 {
-                return Err(Error::new(ErrorKind::InvalidArgument, format!("{F}: fd {fd} is not a descriptor")).into());
+                return Err(Failure::invalid(format!("{F}: fd {fd} is not a descriptor")));
             }
             // SAFETY: `fd` is not -1 and is the caller's open descriptor for this call (the contract
             // above); a closed one only makes the calls on it fail with EBADF.
@@ -156,13 +155,7 @@ pub extern "C" fn rdmamig_ram_set_backing(
 #[no_mangle]
 pub extern "C" fn rdmamig_ram_block_count(ram: *const rdmamig_ram) -> u32 {
     ffi_boundary! {
-        match super::handle::try_from_ptr(ram) {
-            Some(ram) => ram.len() as u32,
-            None => {
-                set_last_error("rdmamig_ram_block_count: ram is NULL");
-                0
-            }
-        }
+        record_or(0, || Ok(handle(ram, "rdmamig_ram_block_count", "ram")?.len() as u32))
     }
 }
 

@@ -3,9 +3,8 @@
 use std::mem::{offset_of, size_of};
 use std::ptr::{addr_of, addr_of_mut};
 
-use super::conn::rdmamig_conn;
-use super::handle::try_from_ptr;
-use super::last_error::{record, Failure};
+use super::conn::{rdmamig_conn, run};
+use super::last_error::Failure;
 use super::status::rdmamig_status;
 use crate::engine::Stats;
 
@@ -15,17 +14,30 @@ pub const RDMAMIG_STATS_SIZE_V1: u32 = 88;
 
 /// A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
 ///
-/// The struct may grow in later versions, with fields added only at the end.
-/// Set `size` to `sizeof(rdmamig_stats)` before the call: the library fills
-/// the fields that fit in `size` bytes and writes back the number of bytes it
-/// filled, so a program built against an older or newer header works with
-/// any library. Fields the library does not know are left untouched.
+/// Zero it first (`rdmamig_stats st = {0};` or `memset`), then set `size` to
+/// `sizeof(rdmamig_stats)`: the library fills the fields that fit in `size`
+/// bytes and writes back the number of bytes it filled, so a program built
+/// against an older or newer header works with any library. The struct only
+/// grows, with fields added at the end: version 1 (`RDMAMIG_STATS_SIZE_V1`)
+/// ends with `stream_bytes`, version 2 (`RDMAMIG_STATS_SIZE_V2`) adds
+/// `pin_budget` to `staged_bytes`. Fields the library does not know are left
+/// untouched.
+//
+// This struct is the one list of the counters: build.rs reads the fields
+// after `reserved` (each a `u64` with its doc comment) and generates from
+// them `stats_fields!`, which makes the Rust API's `Stats`, the engine's
+// `Counters` and `fill` below. Add a counter here, at the end, and nowhere
+// else. (cbindgen reads this plain struct for the header: it cannot expand
+// macros on stable Rust, so the list cannot live in a macro.)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct rdmamig_stats {
     /// In: `sizeof(rdmamig_stats)` as the caller knows it (at least
     /// `RDMAMIG_STATS_SIZE_V1`). Out: the bytes filled.
     pub size: u32,
+    /// Reserved (where the first counter's alignment leaves 4 bytes): zero
+    /// it. The library sets it to 0.
+    pub reserved: u32,
     /// Bytes of guest RAM written with RDMA WRITE (source).
     pub bytes_written: u64,
     /// 1 MiB chunks registered for remote access: asked for (source) or
@@ -37,30 +49,30 @@ pub struct rdmamig_stats {
     /// REGISTER_REQUEST/RESULT round trips (one per message, however many
     /// chunks it carries).
     pub registration_round_trips: u64,
-    /// Bytes of memory this side has registered (pinned) now.
+    /// Bytes of guest memory this side has registered (pinned) now.
     pub pinned_bytes: u64,
-    /// The most bytes this side had registered at once.
+    /// The most bytes of guest memory this side had registered at once.
     pub pinned_bytes_peak: u64,
     /// Control messages sent and received, READY included.
     pub control_messages: u64,
     /// Completed iteration windows (REGISTER_FINISHED sent or received).
     pub iterations: u64,
-    /// Total time spent inside `rdmamig_conn_iteration_end`, in nanoseconds
-    /// (source).
+    /// Total time spent inside `iteration_end` (`rdmamig_conn_iteration_end`),
+    /// in nanoseconds (source).
     pub iteration_end_ns: u64,
     /// Device-state stream bytes sent (source) or received (destination).
     pub stream_bytes: u64,
-    /// Version 2 (`RDMAMIG_STATS_SIZE_V2`) adds the pinning counters below.
-    /// The pin budget this side keeps `pinned_bytes` under (`UINT64_MAX`:
-    /// unlimited; see `rdmamig_config_set_pin_budget`).
+    /// The pin budget this side keeps `pinned_bytes` under (the largest
+    /// value, `UINT64_MAX`: unlimited; see `rdmamig_config_set_pin_budget`).
     pub pin_budget: u64,
-    /// The memory limit of this process's cgroup (`UINT64_MAX`: none or unknown).
+    /// The memory limit of this process's cgroup (the largest value,
+    /// `UINT64_MAX`: none or unknown).
     pub cgroup_memory_limit: u64,
     /// Registrations dropped to stay under a pin budget (source: chunks
     /// unpinned here, with the destination's registration when the peer is
     /// rdmamig; destination: registrations the source unregistered).
     pub unpins: u64,
-    /// Of those, registrations of ranges hinted `RDMAMIG_HINT_COLD`.
+    /// Of those, registrations of ranges hinted cold (`RDMAMIG_HINT_COLD`).
     pub unpins_cold: u64,
     /// Registrations retried after the kernel refused them (ENOMEM, EPERM).
     pub registration_retries: u64,
@@ -74,7 +86,7 @@ pub struct rdmamig_stats {
     /// (`ibv_fork_init`), 2 neither: a forked child that shares registered
     /// pages can make transfers read stale memory.
     pub fork_mode: u64,
-    /// Pin-all: bytes of guest RAM pre-faulted for registration so far.
+    /// Pin-all: bytes of guest RAM pre-faulted or registered so far.
     pub pin_all_progress_bytes: u64,
     /// Source: bytes written through the staging buffer, from chunks not
     /// pinned because pinning would allocate or copy their pages (never
@@ -87,11 +99,12 @@ pub struct rdmamig_stats {
 pub const RDMAMIG_STATS_SIZE_V2: u32 = 168;
 
 const _: () = assert!(size_of::<rdmamig_stats>() == RDMAMIG_STATS_SIZE_V2 as usize);
-// Every engine counter has its field (the names are checked by `fill`).
+// No padding: `size` and `reserved`, then the counters, all generated from this struct.
 const _: () = assert!(size_of::<rdmamig_stats>() == 8 + 8 * crate::engine::stats::STATS_FIELDS);
+const _: () = assert!(offset_of!(rdmamig_stats, bytes_written) == 8);
 
-/// Fills `out` with the connection's counters (see `rdmamig_stats`): set
-/// `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
+/// Fills `out` with the connection's counters (see `rdmamig_stats`): zero
+/// `*out` and set `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
 /// fit in `out->size` bytes are filled and `out->size` is set to the bytes
 /// filled. A `size` below `RDMAMIG_STATS_SIZE_V1` gives
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` and writes nothing; a closed connection
@@ -103,11 +116,7 @@ const _: () = assert!(size_of::<rdmamig_stats>() == 8 + 8 * crate::engine::stats
 pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rdmamig_stats) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_get_stats";
-        let conn = match try_from_ptr(conn) {
-            Some(c) => c,
-            None => return record(|| Err(Failure::null(F, "conn"))),
-        };
-        conn.run(|c| {
+        run(conn, F, |c| {
             if out.is_null() {
                 return Err(Failure::null(F, "out"));
             }
@@ -131,9 +140,10 @@ pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rd
 /// `out->size` = the bytes filled.
 ///
 /// # Safety
-/// `out` must point to at least `size` writable bytes, `size >= 4`.
+/// `out` must point to at least `size` writable bytes, `size >= 8`.
 unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
-    let mut filled = size_of::<u32>();
+    addr_of_mut!((*out).reserved).write(0);
+    let mut filled = offset_of!(rdmamig_stats, reserved) + size_of::<u32>();
     macro_rules! fill {
         ($($(#[$doc:meta])* $field:ident,)*) => {$(
             let end = offset_of!(rdmamig_stats, $field) + size_of::<u64>();
@@ -150,13 +160,13 @@ unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::conn::{Conn, Role};
+    use crate::engine::Connection;
     use crate::ffi::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
 
     #[test]
     fn size_checks() {
-        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Closed));
+        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Connection::closed());
         let mut s = rdmamig_stats { size: RDMAMIG_STATS_SIZE_V1 - 8, ..Default::default() };
         assert_eq!(rdmamig_conn_get_stats(conn, &mut s), RDMAMIG_ERR_INVALID_ARGUMENT);
         assert_eq!(s.size, RDMAMIG_STATS_SIZE_V1 - 8, "nothing written");
@@ -171,12 +181,14 @@ mod tests {
     fn fill_writes_what_fits() {
         let stats = Stats { bytes_written: 1, stream_bytes: 10, fork_mode: 2, ..Default::default() };
         // A caller built against the first header: nothing past its struct is written.
-        let mut buf = [0x55u64; 23];
+        const JUNK: u64 = 0x5555_5555_5555_5555;
+        let mut buf = [JUNK; 23];
         let out = buf.as_mut_ptr().cast::<rdmamig_stats>();
         unsafe { fill(out, RDMAMIG_STATS_SIZE_V1, &stats) };
         assert_eq!(buf[0] as u32, RDMAMIG_STATS_SIZE_V1);
+        assert_eq!(buf[0] >> 32, 0, "reserved is set to 0");
         assert_eq!((buf[1], buf[10]), (1, 10));
-        assert_eq!(&buf[11..], &[0x55u64; 12]);
+        assert_eq!(&buf[11..], &[JUNK; 12]);
         // A caller with a newer, bigger struct: the tail is left alone.
         unsafe { fill(out, 184, &stats) };
         let got = unsafe { *out };
@@ -190,6 +202,6 @@ mod tests {
                 ..Default::default()
             }
         );
-        assert_eq!(buf[22], 0x55);
+        assert_eq!(buf[22], JUNK);
     }
 }

@@ -4,11 +4,10 @@ use std::os::raw::{c_int, c_void};
 
 use libc::{iovec, ssize_t};
 
-use super::conn::{rdmamig_conn, Conn};
-use super::handle::try_from_mut_ptr;
-use super::last_error::{bytes, bytes_mut, handle_mut, out_ref, record, set_last_error, Failure};
+use super::conn::{keep, rdmamig_conn, run_mut};
+use super::last_error::{bytes, bytes_mut, handle_mut, items, out_ref, Failure};
 use super::status::rdmamig_status;
-use crate::engine::Read;
+use crate::engine::{Connection, Read};
 
 /// The device-state stream of a connection as callbacks shaped like QEMU's
 /// `QEMUFileOps`, for a hypervisor whose migration code writes and reads
@@ -68,16 +67,10 @@ pub extern "C" fn rdmamig_conn_stream_ops(conn: *mut rdmamig_conn, out: *mut rdm
     ffi_boundary! {
         const F: &str = "rdmamig_conn_stream_ops";
         let opaque = conn.cast::<c_void>();
-        let conn = match try_from_mut_ptr(conn) {
-            Some(c) => c,
-            None => return record(|| Err(Failure::null(F, "conn"))),
-        };
-        conn.run_mut(|c| {
+        run_mut(conn, F, |c| {
             let out = out_ref(out, F, "out")?;
+            c.check_open(F)?;
             let source = c.is_source();
-            if !source {
-                c.destination(F)?; // closed: RDMAMIG_ERR_STATE
-            }
             *out = rdmamig_stream_ops {
                 opaque,
                 get_buffer: (!source).then_some(stream_get_buffer as _),
@@ -103,16 +96,17 @@ fn guard<R>(failed: R, body: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
 fn with_conn(
     opaque: *mut c_void,
     func: &str,
-    body: impl FnOnce(&mut Conn) -> Result<(), Failure>,
+    body: impl FnOnce(&mut Connection) -> Result<(), Failure>,
 ) -> Result<(), ssize_t> {
     let conn = match handle_mut(opaque.cast::<rdmamig_conn>(), func, "opaque") {
         Ok(c) => c,
         Err(f) => {
-            set_last_error(&f.message);
+            f.record();
             return Err(-EINVAL);
         }
     };
-    match conn.run_mut(body) {
+    let r = body(conn);
+    match keep(conn, r) {
         rdmamig_status::RDMAMIG_OK => Ok(()),
         rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER | rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT => Err(-EINVAL),
         _ => Err(-EIO),
@@ -126,7 +120,7 @@ unsafe extern "C" fn stream_get_buffer(opaque: *mut c_void, buf: *mut u8, _pos: 
         let r = with_conn(opaque, F, |c| {
             let buf = bytes_mut(buf, size, F, "buf")?;
             // Both endings that are not failures end the stream; a failure is -EIO.
-            read = match c.destination(F)?.get(buf, None)? {
+            read = match c.as_destination(F)?.get(buf, None)? {
                 Read::Bytes(n) => n,
                 Read::End(_) => 0,
             };
@@ -144,7 +138,7 @@ unsafe extern "C" fn stream_put_buffer(opaque: *mut c_void, buf: *const u8, _pos
                 return Err(Failure::invalid(format!("{F}: size {size} does not fit in ssize_t")));
             }
             let data = bytes(buf, size, F, "buf")?;
-            Ok(c.source_mut(F)?.put(data)?)
+            Ok(c.as_source_mut(F)?.put(data)?)
         });
         r.map_or_else(|e| e, |()| size as ssize_t)
     })
@@ -158,7 +152,7 @@ unsafe extern "C" fn stream_writev_buffer(opaque: *mut c_void, iov: *const iovec
             let count =
                 usize::try_from(iovcnt).map_err(|_| Failure::invalid(format!("{F}: iovcnt is negative ({iovcnt})")))?;
             // SAFETY (of the slice): the caller passes `iovcnt` valid iovecs.
-            let iov = super::handle::try_slice(iov, count).ok_or_else(|| Failure::null(F, "iov"))?;
+            let iov = items(iov, count, F, "iov")?;
             let pieces: Vec<&[u8]> = iov
                 .iter()
                 .map(|v| bytes(v.iov_base.cast::<u8>(), v.iov_len, F, "iov[].iov_base"))
@@ -167,7 +161,7 @@ unsafe extern "C" fn stream_writev_buffer(opaque: *mut c_void, iov: *const iovec
                 .iter()
                 .try_fold(0 as ssize_t, |t, p| t.checked_add(ssize_t::try_from(p.len()).ok()?))
                 .ok_or_else(|| Failure::invalid(format!("{F}: the total length does not fit in ssize_t")))?;
-            let source = c.source_mut(F)?;
+            let source = c.as_source_mut(F)?;
             for piece in pieces {
                 source.put(piece)?;
             }
@@ -182,9 +176,9 @@ unsafe extern "C" fn stream_close(opaque: *mut c_void) -> c_int {
         const F: &str = "rdmamig_stream_ops.close";
         let r = with_conn(opaque, F, |c| {
             if c.is_source() {
-                c.source_mut(F)?.flush()?;
+                c.as_source_mut(F)?.flush()?;
             } else {
-                c.destination(F)?;
+                c.as_destination(F)?;
             }
             Ok(())
         });
@@ -195,7 +189,7 @@ unsafe extern "C" fn stream_close(opaque: *mut c_void) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::conn::{rdmamig_conn_free, Role};
+    use crate::ffi::conn::rdmamig_conn_free;
     use crate::ffi::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
 
@@ -203,7 +197,7 @@ mod tests {
     fn argument_checks() {
         let mut ops = std::mem::MaybeUninit::<rdmamig_stream_ops>::uninit();
         assert_eq!(rdmamig_conn_stream_ops(std::ptr::null_mut(), ops.as_mut_ptr()), RDMAMIG_ERR_NULL_PARAMETER);
-        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Conn::new(Role::Closed));
+        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Connection::closed());
         assert_eq!(rdmamig_conn_stream_ops(conn, std::ptr::null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_stream_ops(conn, ops.as_mut_ptr()), RDMAMIG_ERR_STATE);
         // The callbacks on a closed connection fail with -EIO, on NULL with -EINVAL.
