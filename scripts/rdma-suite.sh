@@ -15,7 +15,10 @@
 #                              dense, 64 MiB sparse), rdmamig in every mode,
 #                              all byte-identical;
 #                              PASS when it exits 0 (no figure is checked)
-#   5. c-valgrind:rdma_test_*  the same programs without sanitizers
+#   5. cli:doctor, cli:bench   the rdmamig CLI's tests (cli/tests/, feature
+#                              rdma-tests): doctor against ibv_devinfo -v and
+#                              ulimit -l, bench between two processes (--json)
+#   6. c-valgrind:rdma_test_*  the same programs without sanitizers
 #                              (target/c-tests-valgrind/, also `make c-tests`)
 #                              under valgrind memcheck, small sizes (memcheck
 #                              under TCG is slow); FAIL on any memcheck error
@@ -28,7 +31,7 @@
 # ToS byte of captured packets), run in both guests, each step PASS when both
 # guests pass:
 #
-#   6. rust:MODULE-pair:NAME       NAME without "MODULE::pair_"; one boot each
+#   7. rust:MODULE-pair:NAME       NAME without "MODULE::pair_"; one boot each
 #                                  because a connection that failed on a downed
 #                                  link keeps the next one between the same two
 #                                  guests from connecting (rxe, ~20 s per boot)
@@ -125,6 +128,30 @@ else
     jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
     cat "$RDMA_SUITE_DIR/cargo.err"
     host_fail bench:smoke "cargo build of example bench failed, see above"
+fi
+
+# The command-line tool (cli/): `rdmamig doctor` against ibv_devinfo and
+# `ulimit -l` in the guest (rxe0 must be found, rdma_cm must work), and
+# `rdmamig bench` between two processes in every mode, checked through --json
+# (~1 min in the guest).
+echo "rdma-suite: building the CLI tests (cargo test --release -p rdmamig-cli --features rdma-tests --no-run)"
+if cargo test --release -p rdmamig-cli --features rdma-tests --no-run --message-format=json \
+        > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
+    for t in doctor bench; do
+        exe=$(jq -r --arg t "$t" 'select(.reason == "compiler-artifact" and .package_id != null
+                    and (.package_id | test("rdmamig-cli")) and .target.name == $t
+                    and (.target.kind | index("test")) and .executable != null) | .executable' "$json" | tail -1)
+        if [ -n "$exe" ]; then
+            add_step "cli:$t" env RDMAMIG_EXPECT_DEVICE=rxe0 "$exe" --test-threads=1 --nocapture
+        else
+            host_fail "cli:$t" "cargo built no test executable $t for rdmamig-cli"
+        fi
+    done
+else
+    jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
+    cat "$RDMA_SUITE_DIR/cargo.err"
+    host_fail cli:doctor "cargo build of the CLI tests failed, see above"
+    host_fail cli:bench "cargo build of the CLI tests failed, see above"
 fi
 
 # The same programs under valgrind memcheck.  Definite leaks count as errors;

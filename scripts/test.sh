@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CBINDGEN_VERSION=0.29.4
-APT_PACKAGES=(libibverbs-dev librdmacm-dev pkg-config meson ninja-build gcc g++ make binutils valgrind)
+APT_PACKAGES=(libibverbs-dev librdmacm-dev ibverbs-utils pkg-config meson ninja-build gcc g++ make binutils valgrind)
 
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}

@@ -23,6 +23,7 @@ pub mod recording;
 pub mod verbs;
 pub mod wire;
 
+pub use engine::doctor;
 pub use engine::{
     AuthKey, Config, Destination, Ending, Event, Hint, Listener, Negotiated, Observer, RamBlock, RamBlocks, Read,
     SaveRange, Source, SourcePrefix, Stats, Unregistration,

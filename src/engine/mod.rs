@@ -11,6 +11,7 @@ pub mod config;
 pub(crate) mod connection;
 pub(crate) mod destination;
 pub mod device;
+pub mod doctor;
 mod link;
 mod pin;
 mod populated;

@@ -499,6 +499,14 @@ impl CmId {
 
     /// The verbs context of the device this id is bound to (NULL before
     /// address resolution / binding to a device address).
+    /// The name of the RDMA device this id is bound to (after a bind to a
+    /// device's address or an address resolution), if any.
+    pub fn device_name(&self) -> Option<String> {
+        let ctx = self.verbs("rdma_cm_id.verbs").ok()?;
+        // SAFETY: a non-null `verbs` is the live context librdmacm opened for the id's device.
+        Some(unsafe { super::device::context_device_name(ctx) })
+    }
+
     pub(crate) fn verbs(&self, op: &'static str) -> Result<*mut sys::ibv_context> {
         // SAFETY: valid id; `verbs` is set by librdmacm when the id gets a device.
         let v = unsafe { (*self.raw()).verbs };

@@ -28,6 +28,14 @@ fn with_device_list<T>(f: impl FnOnce(&[*mut sys::ibv_device]) -> T) -> Result<T
     Ok(out)
 }
 
+/// The name of the device of an open context (`ctx->device`).
+///
+/// # Safety
+/// `ctx` is a live `ibv_context`.
+pub(crate) unsafe fn context_device_name(ctx: *mut sys::ibv_context) -> String {
+    device_name((*ctx).device)
+}
+
 fn device_name(dev: *mut sys::ibv_device) -> String {
     // SAFETY: dev is a live device from the list (or a context's device);
     // the name is a NUL-terminated string owned by it.
@@ -87,6 +95,219 @@ impl Context {
 
     pub fn raw(&self) -> *mut sys::ibv_context {
         self.raw.as_ptr()
+    }
+
+    /// `ibv_query_device`: the device's firmware version, node GUID and port count.
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        // SAFETY: all-zero is a valid rmv_device_info (integers and a char array).
+        let mut out: sys::rmv_device_info = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `out` is a valid out-pointer.
+        let rc = unsafe { sys::rmv_query_device(self.raw(), &mut out) };
+        if rc != 0 {
+            return Err(VerbsError::from_ret("ibv_query_device", rc));
+        }
+        // SAFETY: the shim NUL-terminates fw_ver.
+        let fw = unsafe { CStr::from_ptr(out.fw_ver.as_ptr()) }.to_string_lossy().into_owned();
+        Ok(DeviceAttr {
+            fw_ver: fw,
+            node_guid: u64::from_be(out.node_guid),
+            phys_port_cnt: u8::try_from(out.phys_port_cnt).unwrap_or(u8::MAX),
+        })
+    }
+
+    /// `ibv_query_port` of port `port` (numbered from 1).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut out = sys::rmv_port_info::default();
+        // SAFETY: the context is open; `out` is a valid out-pointer.
+        let rc = unsafe { sys::rmv_query_port(self.raw(), port, &mut out) };
+        if rc != 0 {
+            return Err(VerbsError::from_ret("ibv_query_port", rc));
+        }
+        Ok(PortAttr {
+            state: PortState::from_raw(out.state),
+            max_mtu: mtu_bytes(out.max_mtu),
+            active_mtu: mtu_bytes(out.active_mtu),
+            link_layer: LinkLayer::from_raw(out.link_layer),
+            gid_tbl_len: out.gid_tbl_len,
+        })
+    }
+
+    /// `ibv_query_gid_ex`: GID `index` of port `port`; `None` for an empty entry.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Option<Gid>> {
+        let (mut raw, mut kind) = ([0u8; 16], 0u32);
+        // SAFETY: the context is open; `raw` holds the 16 bytes the shim writes, `kind` one u32.
+        let rc = unsafe { sys::rmv_query_gid(self.raw(), u32::from(port), index, raw.as_mut_ptr(), &mut kind) };
+        match rc {
+            0 => Ok(Some(Gid { raw, gid_type: GidType::from_raw(kind) })),
+            _ => {
+                let e = VerbsError::from_ret("ibv_query_gid_ex", rc);
+                // ENODATA: an unused table entry; some providers say EINVAL.
+                if e.errno == libc::ENODATA || e.errno == libc::EINVAL {
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+/// What [`Context::query_device`] reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    /// In host byte order (`ibv_devinfo` prints it as four 16-bit groups).
+    pub node_guid: u64,
+    pub phys_port_cnt: u8,
+}
+
+/// What [`Context::query_port`] reports. MTUs in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub link_layer: LinkLayer,
+    pub gid_tbl_len: u32,
+}
+
+/// `enum ibv_port_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    Nop,
+    Down,
+    Init,
+    Armed,
+    Active,
+    ActiveDefer,
+    Other(u32),
+}
+
+impl PortState {
+    fn from_raw(v: u32) -> Self {
+        match v {
+            0 => PortState::Nop,
+            1 => PortState::Down,
+            2 => PortState::Init,
+            3 => PortState::Armed,
+            4 => PortState::Active,
+            5 => PortState::ActiveDefer,
+            v => PortState::Other(v),
+        }
+    }
+
+    /// The value of `enum ibv_port_state`.
+    pub fn raw(self) -> u32 {
+        match self {
+            PortState::Nop => 0,
+            PortState::Down => 1,
+            PortState::Init => 2,
+            PortState::Armed => 3,
+            PortState::Active => 4,
+            PortState::ActiveDefer => 5,
+            PortState::Other(v) => v,
+        }
+    }
+
+    /// rdma-core's name (`ibv_port_state_str`, as `ibv_devinfo` prints it).
+    pub fn name(self) -> &'static str {
+        match self {
+            PortState::Nop => "PORT_NOP",
+            PortState::Down => "PORT_DOWN",
+            PortState::Init => "PORT_INIT",
+            PortState::Armed => "PORT_ARMED",
+            PortState::Active => "PORT_ACTIVE",
+            PortState::ActiveDefer => "PORT_ACTIVE_DEFER",
+            PortState::Other(_) => "invalid state",
+        }
+    }
+}
+
+/// A port's link layer (`IBV_LINK_LAYER_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// Unspecified: InfiniBand by rdma-core's convention.
+    Unspecified,
+    InfiniBand,
+    /// RoCE (and iWARP).
+    Ethernet,
+    Other(u32),
+}
+
+impl LinkLayer {
+    fn from_raw(v: u32) -> Self {
+        match v {
+            sys::IBV_LINK_LAYER_UNSPECIFIED => LinkLayer::Unspecified,
+            sys::IBV_LINK_LAYER_INFINIBAND => LinkLayer::InfiniBand,
+            sys::IBV_LINK_LAYER_ETHERNET => LinkLayer::Ethernet,
+            v => LinkLayer::Other(v),
+        }
+    }
+
+    /// As `ibv_devinfo` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkLayer::Unspecified | LinkLayer::InfiniBand => "InfiniBand",
+            LinkLayer::Ethernet => "Ethernet",
+            LinkLayer::Other(_) => "Unknown",
+        }
+    }
+}
+
+/// `enum ibv_gid_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GidType {
+    Ib,
+    RoceV1,
+    RoceV2,
+    Other(u32),
+}
+
+impl GidType {
+    fn from_raw(v: u32) -> Self {
+        match v {
+            sys::IBV_GID_TYPE_IB => GidType::Ib,
+            sys::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
+            sys::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
+            v => GidType::Other(v),
+        }
+    }
+
+    /// As `ibv_devinfo -v` prints it after a GID ("" for InfiniBand).
+    pub fn name(self) -> &'static str {
+        match self {
+            GidType::Ib => "IB",
+            GidType::RoceV1 => "RoCE v1",
+            GidType::RoceV2 => "RoCE v2",
+            GidType::Other(_) => "unknown",
+        }
+    }
+}
+
+/// One GID table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gid {
+    pub raw: [u8; 16],
+    pub gid_type: GidType,
+}
+
+impl Gid {
+    /// The GID as an IPv6 address (RoCE GIDs are the port's IP addresses; IPv4 ones mapped, ::ffff:a.b.c.d).
+    pub fn ipv6(&self) -> std::net::Ipv6Addr {
+        std::net::Ipv6Addr::from(self.raw)
+    }
+
+    /// The IPv4 address of an IPv4-mapped GID.
+    pub fn ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        self.ipv6().to_ipv4_mapped()
+    }
+}
+
+/// Bytes of an `enum ibv_mtu` value (0 when unknown).
+fn mtu_bytes(v: u32) -> u32 {
+    match v {
+        1..=5 => 128 << v,
+        _ => 0,
     }
 }
 

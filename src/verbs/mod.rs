@@ -46,7 +46,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
-pub use device::{device_names, Context};
+pub use device::{device_names, Context, DeviceAttr, Gid, GidType, LinkLayer, PortAttr, PortState};
 pub use mem::{fork_init, Access, ForkMode, MemoryRegion, ProtectionDomain};
 pub use qp::{QpCaps, QueuePair, Sge};
 

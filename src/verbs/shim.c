@@ -5,6 +5,7 @@
  * the rmv_ prefix keeps them out of the public rdmamig_* namespace.
  */
 #include <infiniband/verbs.h>
+#include <string.h>
 
 #define RMV_HIDDEN __attribute__((visibility("hidden")))
 
@@ -28,4 +29,69 @@ RMV_HIDDEN int rmv_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc
 RMV_HIDDEN int rmv_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
 	return ibv_req_notify_cq(cq, solicited_only);
+}
+
+/*
+ * Device, port and GID queries for `rdmamig doctor` (src/verbs/device.rs).
+ * ibv_query_port and ibv_query_gid_ex are static inline (or macros) in
+ * verbs.h, and struct ibv_port_attr/ibv_device_attr are long: these copy
+ * the fields the doctor reports into small structs of fixed layout that
+ * src/verbs/sys.rs mirrors.
+ */
+struct rmv_device_info {
+	uint64_t node_guid; /* network byte order, as the kernel gives it */
+	uint32_t phys_port_cnt;
+	char fw_ver[64];
+};
+
+struct rmv_port_info {
+	uint32_t state;       /* enum ibv_port_state */
+	uint32_t max_mtu;     /* enum ibv_mtu */
+	uint32_t active_mtu;  /* enum ibv_mtu */
+	uint32_t link_layer;  /* IBV_LINK_LAYER_* */
+	uint32_t gid_tbl_len;
+};
+
+RMV_HIDDEN int rmv_query_device(struct ibv_context *context, struct rmv_device_info *out)
+{
+	struct ibv_device_attr attr;
+	int rc = ibv_query_device(context, &attr);
+
+	if (rc)
+		return rc;
+	out->node_guid = attr.node_guid;
+	out->phys_port_cnt = attr.phys_port_cnt;
+	memcpy(out->fw_ver, attr.fw_ver, sizeof(out->fw_ver));
+	out->fw_ver[sizeof(out->fw_ver) - 1] = 0;
+	return 0;
+}
+
+RMV_HIDDEN int rmv_query_port(struct ibv_context *context, uint8_t port, struct rmv_port_info *out)
+{
+	struct ibv_port_attr attr;
+	int rc = ibv_query_port(context, port, &attr);
+
+	if (rc)
+		return rc;
+	out->state = attr.state;
+	out->max_mtu = attr.max_mtu;
+	out->active_mtu = attr.active_mtu;
+	out->link_layer = attr.link_layer;
+	out->gid_tbl_len = (uint32_t)attr.gid_tbl_len;
+	return 0;
+}
+
+/* 0 and the GID's 16 bytes and type (enum ibv_gid_type), or an errno value
+ * (ENODATA: the entry is empty). */
+RMV_HIDDEN int rmv_query_gid(struct ibv_context *context, uint32_t port, uint32_t index,
+                             uint8_t gid[16], uint32_t *type)
+{
+	struct ibv_gid_entry entry;
+	int rc = ibv_query_gid_ex(context, port, index, &entry, 0);
+
+	if (rc)
+		return rc;
+	memcpy(gid, entry.gid.raw, 16);
+	*type = entry.gid_type;
+	return 0;
 }

@@ -280,7 +280,46 @@ extern "C" {
     pub fn rmv_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int;
     /// `ibv_req_notify_cq`: 0 or an errno value.
     pub fn rmv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
+    /// `ibv_query_device`, the fields of `rmv_device_info`: 0 or an errno value.
+    pub fn rmv_query_device(context: *mut ibv_context, out: *mut rmv_device_info) -> c_int;
+    /// `ibv_query_port`, the fields of `rmv_port_info`: 0 or an errno value.
+    pub fn rmv_query_port(context: *mut ibv_context, port: u8, out: *mut rmv_port_info) -> c_int;
+    /// `ibv_query_gid_ex`: 0, or an errno value (ENODATA: an empty entry).
+    pub fn rmv_query_gid(context: *mut ibv_context, port: u32, index: u32, gid: *mut u8, gid_type: *mut u32) -> c_int;
 }
+
+/// `struct rmv_device_info` of shim.c (what the doctor reads of `ibv_device_attr`).
+#[repr(C)]
+pub struct rmv_device_info {
+    /// Network byte order.
+    pub node_guid: u64,
+    pub phys_port_cnt: u32,
+    /// NUL-terminated.
+    pub fw_ver: [c_char; 64],
+}
+
+/// `struct rmv_port_info` of shim.c (what the doctor reads of `ibv_port_attr`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct rmv_port_info {
+    /// `enum ibv_port_state`.
+    pub state: u32,
+    /// `enum ibv_mtu` (1 = 256 bytes ... 5 = 4096).
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    /// `IBV_LINK_LAYER_*`.
+    pub link_layer: u32,
+    pub gid_tbl_len: u32,
+}
+
+// IBV_LINK_LAYER_*
+pub const IBV_LINK_LAYER_UNSPECIFIED: u32 = 0;
+pub const IBV_LINK_LAYER_INFINIBAND: u32 = 1;
+pub const IBV_LINK_LAYER_ETHERNET: u32 = 2;
+// enum ibv_gid_type
+pub const IBV_GID_TYPE_IB: u32 = 0;
+pub const IBV_GID_TYPE_ROCE_V1: u32 = 1;
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 
 // ---------------------------------------------------------------- librdmacm
 

@@ -10,16 +10,29 @@ const CAP_IPC_LOCK: u32 = 14;
 /// registrations: RLIMIT_MEMLOCK, or `None` (unlimited) when the limit is
 /// infinite or the process has CAP_IPC_LOCK (the kernel then skips the check).
 pub fn memlock_limit() -> Option<u64> {
+    if has_ipc_lock() {
+        return None;
+    }
+    memlock_rlimit().0
+}
+
+/// RLIMIT_MEMLOCK's soft and hard limits in bytes (`None`: infinite, or
+/// unreadable), whatever the capabilities.
+pub fn memlock_rlimit() -> (Option<u64>, Option<u64>) {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one rlimit into our struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
-        return None;
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return (None, None);
     }
+    let finite = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
+    (finite(limit.rlim_cur), finite(limit.rlim_max))
+}
+
+/// Whether this process has CAP_IPC_LOCK in its effective set (the kernel
+/// then lets it pin past RLIMIT_MEMLOCK).
+pub fn has_ipc_lock() -> bool {
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    if effective_caps(&status).is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0) {
-        return None;
-    }
-    Some(limit.rlim_cur)
+    effective_caps(&status).is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// The `CapEff:` mask of a /proc/<pid>/status text.

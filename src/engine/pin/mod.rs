@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+pub(crate) use budget::{cgroup_memory_limit, has_ipc_lock, memlock_rlimit};
 pub use lru::{Hint, Lru};
 pub(crate) use pin_all::PinAll;
 pub use sharing::pin_would_copy;
@@ -29,7 +30,7 @@ use crate::{Error, ErrorKind, Result};
 /// What a connection's control channel pins besides guest memory (three
 /// buffers, each possibly straddling one more page than its size), kept out
 /// of a budget derived from RLIMIT_MEMLOCK.
-const CONTROL_PINNED: u64 = 3 * (CONTROL_BUFFER_SIZE as u64 + 2 * 4096);
+pub(crate) const CONTROL_PINNED: u64 = 3 * (CONTROL_BUFFER_SIZE as u64 + 2 * 4096);
 
 /// The process's fork safety, settled once before its first verbs object:
 /// `ibv_fork_init()` where the kernel does not copy pinned pages at fork.

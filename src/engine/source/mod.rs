@@ -10,6 +10,7 @@ mod pacing;
 mod sparse;
 mod staging;
 mod transfer;
+pub(crate) use transfer::REGISTER_BATCH;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -36,7 +36,7 @@ const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
 /// Chunks per REGISTER_REQUEST toward an rdmamig peer (one registration
 /// each), and per registration of consecutive chunks toward QEMU (which
 /// answers only a request's first entry).
-pub(super) const REGISTER_BATCH: usize = 256;
+pub(crate) const REGISTER_BATCH: usize = 256;
 /// Ranges being merged at once: saves from several hypervisor threads interleave.
 const MERGE_SLOTS: usize = 4;
 /// Staging ring size at most (a quarter of a smaller pin budget, at least a chunk).

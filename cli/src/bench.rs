@@ -1,0 +1,595 @@
+//! `rdmamig bench`: a synthetic guest migrated in rounds between two
+//! processes (or hosts), as a hypervisor's pre-copy would: round 1 sends all
+//! RAM, later rounds the pages the "guest" (a dirtier thread) changed
+//! meanwhile, the final round the rest with the guest stopped. The source
+//! sends the SHA-256 of its final RAM through the migration stream; the
+//! destination compares its own.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rdmamig::doctor::human;
+use rdmamig::{Config, Destination, Ending, Listener, RamBlocks, Read, Source};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::BenchArgs;
+
+/// The port when ADDR has none.
+pub const DEFAULT_PORT: u16 = 4444;
+/// The guest's page size (the dirtier's and the dirty bitmap's unit).
+const PAGE: u64 = 4096;
+/// How often the progress bars are redrawn.
+const TICK: Duration = Duration::from_millis(100);
+/// The first line of the migration stream: what the source migrates.
+const HELLO: &str = "rdmamig-bench 1";
+
+pub fn run(args: BenchArgs) -> ExitCode {
+    let show = !args.json && std::io::stderr().is_terminal();
+    let result = match &args.listen {
+        Some(listen) => destination(&args, listen, show),
+        None => source(&args, args.dest.as_deref().unwrap_or_default(), show),
+    };
+    let (value, ok) = match result {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            let role = if args.listen.is_some() { "destination" } else { "source" };
+            (json!({"role": role, "ending": "failed", "error": e}), false)
+        }
+    };
+    if args.json {
+        println!("{value}");
+    } else {
+        print_summary(&value);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(crate::EXIT_FAIL)
+    }
+}
+
+/// `ADDR[:PORT]`: a host name, an IPv4 address, or an IPv6 address (in
+/// brackets when a port follows).
+pub fn split_addr(s: &str) -> Result<(String, u16), String> {
+    let bad_port = |p: &str| format!("{s:?}: {p:?} is not a port number");
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(|| format!("{s:?}: no closing ']'"))?;
+        return match after.strip_prefix(':') {
+            Some(p) => Ok((host.to_owned(), p.parse().map_err(|_| bad_port(p))?)),
+            None if after.is_empty() => Ok((host.to_owned(), DEFAULT_PORT)),
+            None => Err(format!("{s:?}: expected ':PORT' after ']'")),
+        };
+    }
+    match s.matches(':').count() {
+        0 => Ok((s.to_owned(), DEFAULT_PORT)),
+        1 => {
+            let (host, p) = s.split_once(':').expect("one colon");
+            Ok((host.to_owned(), p.parse().map_err(|_| bad_port(p))?))
+        }
+        // A bare IPv6 address.
+        _ => Ok((s.to_owned(), DEFAULT_PORT)),
+    }
+    .and_then(|(h, p)| if h.is_empty() { Err(format!("{s:?}: no address")) } else { Ok((h, p)) })
+}
+
+// ---------------------------------------------------------------------------
+// The guest's RAM.
+
+/// Anonymous private memory: the synthetic guest's RAM.
+struct Ram {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain memory; who writes when is this program's protocol (the
+// dirtier writes pages while the library reads them, as a running guest
+// does; the hashes read it only once the dirtier has stopped).
+unsafe impl Send for Ram {}
+unsafe impl Sync for Ram {}
+
+impl Ram {
+    fn new(len: u64) -> Result<Ram, String> {
+        let len = usize::try_from(len).map_err(|_| "size too large".to_string())?;
+        // SAFETY: a fresh anonymous mapping chosen by the kernel.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!("cannot map {} of guest RAM: {}", human(len as u64), std::io::Error::last_os_error()));
+        }
+        Ok(Ram { ptr: ptr.cast(), len })
+    }
+
+    fn pages(&self) -> u64 {
+        self.len as u64 / PAGE
+    }
+
+    /// Fills page `page` with random non-zero bytes drawn from `state`.
+    fn fill_page(&self, page: u64, state: &mut u64) {
+        let words = (PAGE / 8) as usize;
+        // SAFETY: the page lies inside the mapping (callers pass page < pages()); u64-aligned.
+        let p = unsafe { self.ptr.add((page * PAGE) as usize) } as *mut u64;
+        for i in 0..words {
+            let mut w = splitmix64(state);
+            if i == 0 {
+                w |= 1; // never an all-zero page
+            }
+            // SAFETY: inside the page; volatile because the NIC may be reading it (a live guest's write).
+            unsafe { p.add(i).write_volatile(w) };
+        }
+    }
+
+    /// Only once nothing writes it any more.
+    fn sha256(&self) -> String {
+        // SAFETY: the whole mapping is readable; callers ensure no writer is left.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        let digest = Sha256::digest(bytes);
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn registry(&self) -> Result<RamBlocks, String> {
+        let mut r = RamBlocks::new();
+        // SAFETY: the mapping outlives every connection using the registry
+        // (each is closed before the Ram drops).
+        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64) }.map_err(|e| e.to_string())?;
+        Ok(r)
+    }
+}
+
+impl Drop for Ram {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Pages changed since the last `take`: one bit per page.
+struct DirtyMap {
+    words: Vec<AtomicU64>,
+}
+
+impl DirtyMap {
+    fn new(pages: u64) -> Self {
+        DirtyMap { words: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// After the page was written (Release: a `take` that sees the bit sees the write).
+    fn set(&self, page: u64) {
+        self.words[(page / 64) as usize].fetch_or(1 << (page % 64), Ordering::Release);
+    }
+
+    fn count(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.load(Ordering::Relaxed).count_ones())).sum()
+    }
+
+    /// The dirty bitmap, cleared: pages dirtied later are in the next one.
+    fn take(&self) -> Vec<u64> {
+        self.words.iter().map(|w| w.swap(0, Ordering::Acquire)).collect()
+    }
+}
+
+/// The running guest: changes `rate` random pages per second until `stop`.
+fn dirtier(ram: &Ram, dirty: &DirtyMap, rate: u64, seed: u64, stop: &AtomicBool, changed: &AtomicU64) {
+    let mut rng = seed ^ 0xd1b5_4a32_d192_ed03;
+    let start = Instant::now();
+    let pages = ram.pages();
+    while !stop.load(Ordering::Relaxed) {
+        let due = (rate as f64 * start.elapsed().as_secs_f64()) as u64;
+        while changed.load(Ordering::Relaxed) < due && !stop.load(Ordering::Relaxed) {
+            let page = splitmix64(&mut rng) % pages;
+            ram.fill_page(page, &mut rng);
+            dirty.set(page);
+            changed.fetch_add(1, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Source.
+
+fn gbits(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs / 1e9
+    } else {
+        0.0
+    }
+}
+
+fn round_bar(show: bool, round: u32, final_round: bool, bytes: u64) -> ProgressBar {
+    let target = if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let bar = ProgressBar::with_draw_target(Some(bytes), target);
+    let style = ProgressStyle::with_template("{prefix:>8} [{bar:32}] {bytes:>10}/{total_bytes:<10} {msg}")
+        .expect("a valid template")
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(if final_round { "final".to_string() } else { format!("round {round}") });
+    bar
+}
+
+/// One round: `save` queues its pages inside an open window; the window is
+/// closed while the bar follows `bytes_written`.
+#[allow(clippy::too_many_arguments)]
+fn run_round(
+    source: &mut Source,
+    dirty: &DirtyMap,
+    show: bool,
+    round: u32,
+    final_round: bool,
+    pages: u64,
+    save: impl FnOnce(&Source) -> rdmamig::Result<()>,
+) -> Result<Value, String> {
+    let bytes = pages * PAGE;
+    let bar = round_bar(show, round, final_round, bytes);
+    let before = source.stats().bytes_written;
+    let start = Instant::now();
+    source.iteration_begin().map_err(|e| format!("round {round}: iteration_begin: {e}"))?;
+    let source = &*source;
+    let done = AtomicBool::new(false);
+    let update = |bar: &ProgressBar| {
+        let sent = source.stats().bytes_written - before;
+        bar.set_position(sent.min(bytes));
+        let secs = start.elapsed().as_secs_f64();
+        bar.set_message(format!("{:6.2} Gbit/s  {:>8} dirty pages", gbits(sent, secs), dirty.count()));
+    };
+    let result = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                update(&bar);
+                std::thread::sleep(TICK);
+            }
+        });
+        let r = save(source).and_then(|()| source.iteration_end());
+        done.store(true, Ordering::Relaxed);
+        r
+    });
+    result.map_err(|e| format!("round {round}: {e}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    let sent = source.stats().bytes_written - before;
+    update(&bar);
+    bar.finish();
+    Ok(json!({
+        "round": round,
+        "final": final_round,
+        "pages": pages,
+        "bytes_written": sent,
+        "seconds": secs,
+        "gbit_per_s": gbits(sent, secs),
+        "dirty_pages_after": dirty.count(),
+    }))
+}
+
+fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), String> {
+    let (host, port) = split_addr(addr)?;
+    if !args.size.is_multiple_of(PAGE) {
+        return Err(format!("--size must be a multiple of {PAGE} bytes"));
+    }
+    let ram = Ram::new(args.size)?;
+    let pages = ram.pages();
+    let mut rng = args.seed;
+    for page in 0..pages {
+        ram.fill_page(page, &mut rng);
+    }
+    let registry = ram.registry()?;
+    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..Config::default() };
+    if show {
+        eprintln!(
+            "rdmamig bench: {} guest to {host}:{port}, {}, dirty rate {} pages/s",
+            human(args.size),
+            if args.pin_all { "pin-all requested" } else { "dynamic registration" },
+            args.dirty_rate
+        );
+    }
+
+    let start = Instant::now();
+    let mut source = Source::connect(&host, port, &config, &registry).map_err(|e| format!("connect: {e}"))?;
+    let connect_secs = start.elapsed().as_secs_f64();
+    let negotiated = source.negotiated();
+    source
+        .put(format!("{HELLO} size={} seed={}\n", args.size, args.seed).as_bytes())
+        .map_err(|e| format!("put: {e}"))?;
+
+    let dirty = DirtyMap::new(pages);
+    let stop = AtomicBool::new(false);
+    let changed = AtomicU64::new(0);
+    let mut rounds = Vec::new();
+    let (final_secs, final_pages) = std::thread::scope(|s| -> Result<(f64, u64), String> {
+        let guest = (args.dirty_rate > 0)
+            .then(|| s.spawn(|| dirtier(&ram, &dirty, args.dirty_rate, args.seed, &stop, &changed)));
+        let stop_guest = || {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(g) = guest {
+                let _ = g.join();
+            }
+        };
+        let mut round = 1;
+        let r = run_round(&mut source, &dirty, show, round, false, pages, |src| src.save(0, 0, args.size));
+        let r = r.and_then(|v| {
+            rounds.push(v);
+            loop {
+                let waiting = dirty.count();
+                if waiting <= args.final_pages || round + 1 >= args.max_rounds {
+                    return Ok(());
+                }
+                round += 1;
+                let bitmap = dirty.take();
+                let n = bitmap.iter().map(|w| u64::from(w.count_ones())).sum();
+                rounds.push(run_round(&mut source, &dirty, show, round, false, n, |src| {
+                    src.save_bitmap(0, &bitmap, 0, pages, PAGE)
+                })?);
+            }
+        });
+        // The guest stops (also when a round failed: the scope joins it).
+        let stopped = Instant::now();
+        stop_guest();
+        r?;
+        let bitmap = dirty.take();
+        let n = bitmap.iter().map(|w| u64::from(w.count_ones())).sum();
+        rounds.push(run_round(&mut source, &dirty, show, round + 1, true, n, |src| {
+            src.save_bitmap(0, &bitmap, 0, pages, PAGE)
+        })?);
+        Ok((stopped.elapsed().as_secs_f64(), n))
+    })?;
+    let total_secs = start.elapsed().as_secs_f64();
+    let stats = source.stats();
+
+    // The guest is stopped: its RAM is final.
+    let digest = ram.sha256();
+    let end = source.put(format!("sha256 {digest}\n").as_bytes()).and_then(|()| source.close());
+    let (ending, error) = match end {
+        Ok(Ending::Completed) => ("completed", None),
+        Ok(Ending::Unverified) => ("unverified", None),
+        Err(e) => ("failed", Some(format!("close: {e}"))),
+    };
+    drop(registry);
+    let ok = error.is_none();
+    let value = json!({
+        "role": "source",
+        "destination": format!("{host}:{port}"),
+        "size_bytes": args.size,
+        "pages": pages,
+        "seed": args.seed,
+        "dirty_rate": args.dirty_rate,
+        "pin_all": negotiated.pin_all,
+        "pin_all_requested": args.pin_all,
+        "extensions": negotiated.extensions,
+        "rounds": rounds.len(),
+        "round_details": rounds,
+        "pages_dirtied": changed.load(Ordering::Relaxed),
+        "connect_seconds": connect_secs,
+        "total_seconds": total_secs,
+        "final_round_seconds": final_secs,
+        "final_round_pages": final_pages,
+        "bytes_written": stats.bytes_written,
+        "gbit_per_s": gbits(stats.bytes_written, total_secs),
+        "zero_chunks": stats.zero_chunks,
+        "registration_round_trips": stats.registration_round_trips,
+        "pinned_bytes_peak": stats.pinned_bytes_peak,
+        "stream_bytes": stats.stream_bytes,
+        "sha256": digest,
+        "ending": ending,
+        "error": error,
+    });
+    Ok((value, ok))
+}
+
+// ---------------------------------------------------------------------------
+// Destination.
+
+fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, bool), String> {
+    let (host, port) = split_addr(listen)?;
+    let ram = Ram::new(args.size)?;
+    let registry = ram.registry()?;
+    // Allows pin-all; the source decides.
+    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..Config::default() };
+    let listener = Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {e}"))?;
+    // Always said (tests wait for it), on stderr: stdout is the result's.
+    eprintln!("rdmamig bench: listening on {host}:{}, guest {}", listener.port(), human(args.size));
+    let dest = Destination::accept(&listener, &registry, None).map_err(|e| format!("accept: {e}"))?;
+    let start = Instant::now();
+    let negotiated = dest.negotiated();
+
+    let spinner = if show { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
+    spinner.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("a valid template"));
+    let (stream, ending) = std::thread::scope(|s| {
+        let reader = s.spawn(|| read_stream(&dest));
+        while !reader.is_finished() {
+            let st = dest.stats();
+            spinner.set_message(format!(
+                "receiving: {} windows done, {} registered, {} pinned",
+                dest.iterations(),
+                st.chunks_registered,
+                human(st.pinned_bytes)
+            ));
+            spinner.tick();
+            std::thread::sleep(TICK);
+        }
+        reader.join().expect("the stream reader does not panic")
+    });
+    spinner.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    let stats = dest.stats();
+    let windows = dest.iterations();
+    dest.close();
+    drop(dest);
+    drop(registry);
+
+    let text = String::from_utf8_lossy(&stream);
+    let hello = text.lines().next().unwrap_or_default().to_owned();
+    let expected = text.lines().find_map(|l| l.strip_prefix("sha256 ")).map(str::to_owned);
+    let (ending, mut error) = match ending {
+        Ok(Ending::Completed) => ("completed", None),
+        Ok(Ending::Unverified) => ("unverified", None),
+        Err(e) => ("failed", Some(e.to_string())),
+    };
+    if error.is_none() && !hello.starts_with(HELLO) {
+        error = Some(format!("the stream does not start with {HELLO:?}: {hello:?}"));
+    }
+    let digest = error.is_none().then(|| ram.sha256());
+    let identical = matches!((&digest, &expected), (Some(d), Some(e)) if d == e);
+    if error.is_none() && !identical {
+        error = Some(match expected {
+            None => "the source sent no SHA-256".into(),
+            Some(_) => "the guest RAM differs from the source's (SHA-256 mismatch)".into(),
+        });
+    }
+    let value = json!({
+        "role": "destination",
+        "listen": format!("{host}:{}", listener.port()),
+        "size_bytes": args.size,
+        "source": hello,
+        "pin_all": negotiated.pin_all,
+        "extensions": negotiated.extensions,
+        "windows": windows,
+        "seconds": secs,
+        "chunks_registered": stats.chunks_registered,
+        "zero_chunks": stats.zero_chunks,
+        "registration_round_trips": stats.registration_round_trips,
+        "pinned_bytes_peak": stats.pinned_bytes_peak,
+        "stream_bytes": stats.stream_bytes,
+        "sha256_expected": expected,
+        "sha256": digest,
+        "identical": identical,
+        "ending": ending,
+        "error": error,
+    });
+    let ok = value["error"].is_null();
+    Ok((value, ok))
+}
+
+/// Every stream byte, and how the connection ended.
+fn read_stream(dest: &Destination) -> (Vec<u8>, rdmamig::Result<Ending>) {
+    let mut stream = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match dest.get(&mut buf, None) {
+            Ok(Read::Bytes(n)) => stream.extend_from_slice(&buf[..n]),
+            Ok(Read::End(ending)) => return (stream, Ok(ending)),
+            Err(e) => return (stream, Err(e)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The human summary.
+
+fn print_summary(v: &Value) {
+    let num = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let int = |k: &str| v[k].as_u64().unwrap_or(0);
+    let err = v["error"].as_str();
+    match v["role"].as_str() {
+        Some("source") if v.get("rounds").is_some() => {
+            println!("rdmamig bench summary (source)");
+            println!(
+                "  guest              {} ({} pages), seed {}",
+                human(int("size_bytes")),
+                int("pages"),
+                int("seed")
+            );
+            println!(
+                "  mode               {}, extensions {}",
+                if v["pin_all"].as_bool() == Some(true) { "pin-all" } else { "dynamic registration" },
+                if v["extensions"].as_bool() == Some(true) { "on" } else { "off (QEMU's protocol)" }
+            );
+            println!("  total time         {:.3} s (connect {:.3} s)", num("total_seconds"), num("connect_seconds"));
+            println!(
+                "  rounds             {} ({} pages dirtied at {} pages/s)",
+                int("rounds"),
+                int("pages_dirtied"),
+                int("dirty_rate")
+            );
+            println!("  bytes written      {} ({})", int("bytes_written"), human(int("bytes_written")));
+            println!("  throughput         {:.2} Gbit/s", num("gbit_per_s"));
+            println!(
+                "  final round        {:.1} ms ({} pages, guest stopped)",
+                num("final_round_seconds") * 1e3,
+                int("final_round_pages")
+            );
+            println!("  zero chunks        {}", int("zero_chunks"));
+            println!("  registration RTTs  {}", int("registration_round_trips"));
+            println!("  pinned peak        {}", human(int("pinned_bytes_peak")));
+            println!("  sha256             {}", v["sha256"].as_str().unwrap_or("-"));
+            println!("  ending             {}", v["ending"].as_str().unwrap_or("-"));
+        }
+        Some("destination") if v.get("windows").is_some() => {
+            println!("rdmamig bench summary (destination)");
+            println!("  guest              {}", human(int("size_bytes")));
+            println!("  windows            {} in {:.3} s", int("windows"), num("seconds"));
+            println!("  chunks registered  {}, zero chunks {}", int("chunks_registered"), int("zero_chunks"));
+            println!("  pinned peak        {}", human(int("pinned_bytes_peak")));
+            println!("  sha256             {}", v["sha256"].as_str().unwrap_or("-"));
+            println!("  source's sha256    {}", v["sha256_expected"].as_str().unwrap_or("-"));
+            println!("  byte-identical     {}", if v["identical"].as_bool() == Some(true) { "yes" } else { "NO" });
+            println!("  ending             {}", v["ending"].as_str().unwrap_or("-"));
+        }
+        _ => {}
+    }
+    if let Some(e) = err {
+        eprintln!("rdmamig bench: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(split_addr("198.18.0.1"), Ok(("198.18.0.1".into(), DEFAULT_PORT)));
+        assert_eq!(split_addr("198.18.0.1:7000"), Ok(("198.18.0.1".into(), 7000)));
+        assert_eq!(split_addr("host:0"), Ok(("host".into(), 0)));
+        assert_eq!(split_addr("fe80::1"), Ok(("fe80::1".into(), DEFAULT_PORT)));
+        assert_eq!(split_addr("[::1]:9"), Ok(("::1".into(), 9)));
+        assert_eq!(split_addr("[::1]"), Ok(("::1".into(), DEFAULT_PORT)));
+        assert!(split_addr("[::1").is_err());
+        assert!(split_addr("a:b").is_err());
+        assert!(split_addr(":5").is_err());
+        assert!(split_addr("1.2.3.4:70000").is_err());
+    }
+
+    #[test]
+    fn dirty_map() {
+        let d = DirtyMap::new(130);
+        d.set(0);
+        d.set(129);
+        d.set(129);
+        assert_eq!(d.count(), 2);
+        let words = d.take();
+        assert_eq!(words, vec![1, 0, 2]);
+        assert_eq!(d.count(), 0);
+    }
+
+    #[test]
+    fn pages_are_never_zero() {
+        let ram = Ram::new(4 * PAGE).unwrap();
+        let mut s = 7;
+        for p in 0..4 {
+            ram.fill_page(p, &mut s);
+        }
+        let bytes = unsafe { std::slice::from_raw_parts(ram.ptr, ram.len) };
+        assert!(bytes.chunks(PAGE as usize).all(|p| p.iter().any(|&b| b != 0)));
+        let first = ram.sha256();
+        let mut s = 7;
+        ram.fill_page(0, &mut s);
+        assert_eq!(ram.sha256(), first, "the same seed gives the same page");
+    }
+}
