@@ -4,11 +4,14 @@
 #   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib
 #   make c-tests         build c-tests/*.c into target/c-tests/ (ASan/UBSan), and
 #                        c-tests/rdma_test_*.c without sanitizers into
-#                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps)
+#                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps);
+#                        the integration examples examples/c/*.c both ways, as
+#                        rdma_test_example_* (run by rdma-suite.sh)
 #   make check           run the host C tests (c-tests/test_*.c)
 #   make header          regenerate include/rdmamig.h (cbindgen 0.29.4)
 #   make symbols         regenerate the golden list abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
+#   make docs            the C API reference (Doxygen, warnings as errors): target/doc-c/html/
 #   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
 #   make bench           the migration benchmark (examples/bench.rs, scripts/bench.sh): ib_write_bw,
 #                        QEMU -> QEMU and rdmamig <-> rdmamig in one guest boot, one table
@@ -66,7 +69,14 @@ VG_CTEST_DIR    := $(TARGET_DIR)/c-tests-valgrind
 VG_CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic -fno-omit-frame-pointer -Iinclude
 VG_CTEST_BINS   := $(patsubst c-tests/%.c,$(VG_CTEST_DIR)/%,$(wildcard c-tests/rdma_test_*.c))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi demo bench bench-demo bench-unregister clean FORCE
+# The integration examples (examples/c/*.c, docs/integration/) are RDMA test
+# programs too: target/c-tests/rdma_test_example_*, which scripts/rdma-suite.sh
+# runs in the rxe guest, and once more without sanitizers for valgrind.
+EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
+EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
+VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
+
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo bench bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -111,7 +121,7 @@ uninstall:
 
 # C tests: test_*.c run on any host (`make check`); rdma_test_*.c need an RDMA
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
-c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) header-compile
+c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) $(EXAMPLE_BINS) $(VG_EXAMPLE_BINS) header-compile
 
 $(CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
@@ -122,6 +132,14 @@ $(VG_CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB
 	@mkdir -p $(VG_CTEST_DIR)
 	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 	@! nm $@ | grep -q __asan_init || { echo "error: $@ is linked with ASan" >&2; exit 1; }
+
+$(CTEST_DIR)/rdma_test_example_%: examples/c/%.c include/rdmamig.h $(SHLIB) Makefile
+	@mkdir -p $(CTEST_DIR)
+	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
+
+$(VG_CTEST_DIR)/rdma_test_example_%: examples/c/%.c include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+	@mkdir -p $(VG_CTEST_DIR)
+	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig
 
 # The header must compile on its own as C99, C11 and C++ (cpp_compat).
 header-compile: include/rdmamig.h
@@ -174,6 +192,10 @@ symbols: all
 
 check-abi: all
 	bash scripts/check-abi.sh $(SHLIB)
+
+# The C API reference from the header's doc comments (docs/Doxyfile).
+docs:
+	bash scripts/docs.sh
 
 clean:
 	rm -rf $(LIBOUT) $(CTEST_DIR) $(VG_CTEST_DIR) $(TARGET_DIR)/rdmamig.pc

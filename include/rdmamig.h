@@ -290,9 +290,21 @@ typedef struct rdmamig_ram rdmamig_ram;
  * `offset` of RAM block `block`. Zero it first: `reserved` must be 0.
  */
 typedef struct rdmamig_range {
+  /**
+   * The RAM block's index in the registry.
+   */
   uint32_t block;
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
+  /**
+   * The range's first byte, relative to the block's start.
+   */
   uint64_t offset;
+  /**
+   * The range's length in bytes.
+   */
   uint64_t length;
 } rdmamig_range;
 

@@ -15,6 +15,9 @@
 #                              dense, 64 MiB sparse), rdmamig in every mode,
 #                              all byte-identical;
 #                              PASS when it exits 0 (no figure is checked)
+#   4b. example:vm_memory      the Rust integration example examples/vm_memory.rs
+#                              (built here like the benchmark; the C examples,
+#                              examples/c/*.c, are c:rdma_test_example_* in 3.)
 #   5. cli:doctor, cli:bench   the rdmamig CLI's tests (cli/tests/, feature
 #                              rdma-tests): doctor against ibv_devinfo -v and
 #                              ulimit -l, bench between two processes (--json)
@@ -153,6 +156,26 @@ else
     host_fail cli:doctor "cargo build of the CLI tests failed, see above"
     host_fail cli:bench "cargo build of the CLI tests failed, see above"
 fi
+# The Rust integration examples (docs/integration/): built here, run in the
+# guest; each exits non-zero unless its migration came out byte-identical.
+for ex in vm_memory; do
+    echo "rdma-suite: building the example $ex (cargo build --release --features rdma-tests --example $ex)"
+    if cargo build --release --features rdma-tests --example "$ex" --message-format=json \
+            > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
+        exe=$(jq -r --arg ex "$ex" 'select(.reason == "compiler-artifact" and .target.name == $ex
+                                           and (.target.kind | index("example")) and .executable != null)
+                                    | .executable' "$json" | tail -1)
+        if [ -n "$exe" ]; then
+            add_step "example:$ex" "$exe"
+        else
+            host_fail "example:$ex" "cargo built no executable for example $ex"
+        fi
+    else
+        jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
+        cat "$RDMA_SUITE_DIR/cargo.err"
+        host_fail "example:$ex" "cargo build of example $ex failed, see above"
+    fi
+done
 
 # The same programs under valgrind memcheck.  Definite leaks count as errors;
 # possible ones (librdmacm keeps its device list for the process's life) do
@@ -167,6 +190,7 @@ VALGRIND=(valgrind --tool=memcheck --error-exitcode=99 --leak-check=full
 valgrind_runs() {
     case $1 in
         rdma_test_demo) runs=("--mib 48" "--mib 48 --pin-all") ;;
+        rdma_test_example_*) runs=("--mib 8") ;;
         *) runs=("") ;;
     esac
 }

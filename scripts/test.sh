@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CBINDGEN_VERSION=0.29.4
-APT_PACKAGES=(libibverbs-dev librdmacm-dev ibverbs-utils pkg-config meson ninja-build gcc g++ make binutils valgrind)
+APT_PACKAGES=(libibverbs-dev librdmacm-dev ibverbs-utils pkg-config meson ninja-build gcc g++ make binutils valgrind doxygen)
 
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
@@ -110,6 +110,7 @@ step "make (versioned .so)" make --no-print-directory
 step "ABI check" bash scripts/check-abi.sh
 step "C tests (make check)" make --no-print-directory c-tests check
 step "install + pkg-config + meson" bash scripts/check-install.sh
+step "C API docs (Doxygen)" bash scripts/docs.sh
 step "fuzz (10 s per target)" bash scripts/fuzz.sh ci
 if [[ -n "${TEST_SKIP_RDMA_SUITE:-}" ]]; then
     skip "rxe-vm harness tests" "TEST_SKIP_RDMA_SUITE is set"

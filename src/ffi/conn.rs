@@ -256,9 +256,13 @@ pub extern "C" fn rdmamig_conn_save(conn: *const rdmamig_conn, block: u32, offse
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct rdmamig_range {
+    /// The RAM block's index in the registry.
     pub block: u32,
+    /// Must be 0.
     pub reserved: u32,
+    /// The range's first byte, relative to the block's start.
     pub offset: u64,
+    /// The range's length in bytes.
     pub length: u64,
 }
 
