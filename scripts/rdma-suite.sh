@@ -82,13 +82,24 @@ host_fail() {  # host_fail NAME WHY
 
 add_step ibv_devices bash -c 'ibv_devices | awk "{ print } \$1 == \"rxe0\" { found = 1 } END { exit !found }"'
 
-echo "rdma-suite: building the Rust RDMA tests (cargo test --release --features rdma-tests --test rdma --no-run)"
 json=$RDMA_SUITE_DIR/cargo.json
-if cargo test --release --features rdma-tests --test rdma --no-run --message-format=json \
-        > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
-    bin=$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "rdma"
-                        and (.target.kind | index("test")) and .executable != null)
-                 | .executable' "$json" | tail -1)
+# built KIND NAME CARGO_ARGS...: runs `cargo CARGO_ARGS --message-format=json`
+# and prints the executable it built for target NAME of KIND (test, example),
+# or nothing; a failed build prints cargo's errors on stderr and fails.
+built() {
+    local kind=$1 name=$2; shift 2
+    echo "rdma-suite: building $name (cargo $*)" >&2
+    if ! cargo "$@" --message-format=json > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
+        jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json" >&2
+        cat "$RDMA_SUITE_DIR/cargo.err" >&2
+        return 1
+    fi
+    jq -r --arg kind "$kind" --arg name "$name" \
+        'select(.reason == "compiler-artifact" and .target.name == $name
+                and (.target.kind | index($kind)) and .executable != null) | .executable' "$json" | tail -1
+}
+
+if bin=$(built test rdma test --release --features rdma-tests --test rdma --no-run); then
     if [ -n "$bin" ]; then
         add_step rust:rdma "$bin" --test-threads=1 "$@"
         # The two-guest tests ARGS select (libtest lists what a filter matches).
@@ -101,8 +112,6 @@ if cargo test --release --features rdma-tests --test rdma --no-run --message-for
 elif grep -q "no test target named .rdma" "$RDMA_SUITE_DIR/cargo.err"; then
     host_fail rust:rdma "Cargo.toml has no test target rdma (tests/rdma/main.rs, required-features = [\"rdma-tests\"])"
 else
-    jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
-    cat "$RDMA_SUITE_DIR/cargo.err"
     host_fail rust:rdma "cargo build failed, see above"
 fi
 
@@ -116,64 +125,32 @@ done
 
 # The benchmark's smoke run: its measurements at tiny sizes (35-60 s in the
 # guest); its table goes to the log, only its exit status counts.
-echo "rdma-suite: building the benchmark (cargo build --release --features rdma-tests --example bench)"
-if cargo build --release --features rdma-tests --example bench --message-format=json \
-        > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
-    bench=$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "bench"
-                          and (.target.kind | index("example")) and .executable != null)
-                   | .executable' "$json" | tail -1)
-    if [ -n "$bench" ]; then
-        add_step bench:smoke "$bench" --quick
-    else
-        host_fail bench:smoke "cargo built no executable for example bench"
-    fi
+if exe=$(built example bench build --release --features rdma-tests --example bench) && [ -n "$exe" ]; then
+    add_step bench:smoke "$exe" --quick
 else
-    jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
-    cat "$RDMA_SUITE_DIR/cargo.err"
-    host_fail bench:smoke "cargo build of example bench failed, see above"
+    host_fail bench:smoke "no executable for example bench, see above"
 fi
 
 # The command-line tool (cli/): `rdmamig doctor` against ibv_devinfo and
 # `ulimit -l` in the guest (rxe0 must be found, rdma_cm must work), and
 # `rdmamig bench` between two processes in every mode, checked through --json
 # (~1 min in the guest).
-echo "rdma-suite: building the CLI tests (cargo test --release -p rdmamig-cli --features rdma-tests --no-run)"
-if cargo test --release -p rdmamig-cli --features rdma-tests --no-run --message-format=json \
-        > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
-    for t in doctor bench; do
-        exe=$(jq -r --arg t "$t" 'select(.reason == "compiler-artifact" and .package_id != null
-                    and (.package_id | test("rdmamig-cli")) and .target.name == $t
-                    and (.target.kind | index("test")) and .executable != null) | .executable' "$json" | tail -1)
-        if [ -n "$exe" ]; then
-            add_step "cli:$t" env RDMAMIG_EXPECT_DEVICE=rxe0 "$exe" --test-threads=1 --nocapture
-        else
-            host_fail "cli:$t" "cargo built no test executable $t for rdmamig-cli"
-        fi
-    done
-else
-    jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
-    cat "$RDMA_SUITE_DIR/cargo.err"
-    host_fail cli:doctor "cargo build of the CLI tests failed, see above"
-    host_fail cli:bench "cargo build of the CLI tests failed, see above"
-fi
+for t in doctor bench; do
+    if exe=$(built test "$t" test --release -p rdmamig-cli --features rdma-tests --test "$t" --no-run) &&
+            [ -n "$exe" ]; then
+        add_step "cli:$t" env RDMAMIG_EXPECT_DEVICE=rxe0 "$exe" --test-threads=1 --nocapture
+    else
+        host_fail "cli:$t" "no test executable $t of rdmamig-cli, see above"
+    fi
+done
+
 # The Rust integration examples (docs/integration/): built here, run in the
 # guest; each exits non-zero unless its migration came out byte-identical.
 for ex in vm_memory; do
-    echo "rdma-suite: building the example $ex (cargo build --release --features rdma-tests --example $ex)"
-    if cargo build --release --features rdma-tests --example "$ex" --message-format=json \
-            > "$json" 2> "$RDMA_SUITE_DIR/cargo.err"; then
-        exe=$(jq -r --arg ex "$ex" 'select(.reason == "compiler-artifact" and .target.name == $ex
-                                           and (.target.kind | index("example")) and .executable != null)
-                                    | .executable' "$json" | tail -1)
-        if [ -n "$exe" ]; then
-            add_step "example:$ex" "$exe"
-        else
-            host_fail "example:$ex" "cargo built no executable for example $ex"
-        fi
+    if exe=$(built example "$ex" build --release --features rdma-tests --example "$ex") && [ -n "$exe" ]; then
+        add_step "example:$ex" "$exe"
     else
-        jq -r 'select(.reason == "compiler-message" and .message.level == "error") | .message.rendered' "$json"
-        cat "$RDMA_SUITE_DIR/cargo.err"
-        host_fail "example:$ex" "cargo build of example $ex failed, see above"
+        host_fail "example:$ex" "no executable for example $ex, see above"
     fi
 done
 
