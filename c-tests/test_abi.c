@@ -74,7 +74,7 @@ static void test_status(void) {
             for (uint32_t t = 0; t < s; t++) CHECK(strcmp(str, rdmamig_status_str(t)) != 0);
         }
     }
-    CHECK(n == RDMAMIG_ERR_AUTH + 1);
+    CHECK(n == RDMAMIG_ERR_WOULD_BLOCK + 1);
 }
 
 static void test_null_and_config(void) {

@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 6
+#define RDMAMIG_VERSION_MINOR 7
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -36,6 +36,21 @@
  * `RDMAMIG_DEVICE_NAME_MAX + 1` bytes always suffices.
  */
 #define RDMAMIG_DEVICE_NAME_MAX 63
+
+/**
+ * `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
+ * `rdmamig_conn_wait_end`: wait for ever (the meaning 0 always had).
+ */
+#define RDMAMIG_WAIT_FOREVER 0
+
+/**
+ * `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
+ * `rdmamig_conn_wait_end`: do not wait. The call returns what is ready, or
+ * `RDMAMIG_ERR_WOULD_BLOCK` at once; for an event loop, with
+ * `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
+ * a real wait of 49.7 days is not one anybody asks for.)
+ */
+#define RDMAMIG_NO_WAIT UINT32_MAX
 
 /**
  * The size of the first version of `rdmamig_stats` (every field up to
@@ -166,12 +181,56 @@ enum rdmamig_status
    * (`rdmamig_config_allow_source`).
    */
   RDMAMIG_ERR_AUTH = 20,
+  /**
+   * Not a failure: nothing is ready yet and the call was asked not to
+   * wait (`RDMAMIG_NO_WAIT`). Call again once the connection's event fd
+   * (`rdmamig_conn_event_fd`) is readable.
+   */
+  RDMAMIG_ERR_WOULD_BLOCK = 21,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum rdmamig_status rdmamig_status;
 #else
 typedef uint32_t rdmamig_status;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The level of a log record (`rdmamig_set_log_callback`). The values are
+ * fixed; a more verbose level has a larger value.
+ */
+enum rdmamig_log_level
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * A connection failed: the error that ended it, or a failed connect or accept.
+   */
+  RDMAMIG_LOG_ERROR = 1,
+  /**
+   * Something went wrong and was worked around, or will make a later step
+   * fail: the kernel refused to pin memory (RLIMIT_MEMLOCK), pin-all not
+   * offered for the pin budget, a connection request refused, fork
+   * safety off.
+   */
+  RDMAMIG_LOG_WARN = 2,
+  /**
+   * A connection's milestones: connected or accepted, what the two sides
+   * negotiated, how the migration ended.
+   */
+  RDMAMIG_LOG_INFO = 3,
+  /**
+   * Per-window records: each completed iteration window. Never per page.
+   */
+  RDMAMIG_LOG_DEBUG = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rdmamig_log_level rdmamig_log_level;
+#else
+typedef uint32_t rdmamig_log_level;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -237,13 +296,13 @@ typedef struct rdmamig_config rdmamig_config;
  * (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
  * `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
  * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
- * `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
+ * `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
  * `rdmamig_conn_error_message`) may run at the same
  * time, from any threads. Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
  * may run on the same connection at the same time. The library's own thread
  * (one per connection) makes progress without the hypervisor and calls
- * nothing back.
+ * nothing back (but the log callback, `rdmamig_set_log_callback`).
  */
 typedef struct rdmamig_conn rdmamig_conn;
 
@@ -307,6 +366,14 @@ typedef struct rdmamig_range {
    */
   uint64_t length;
 } rdmamig_range;
+
+/**
+ * A log callback: `level` and `message` of one record, with the
+ * `user_data` given to `rdmamig_set_log_callback`. `message` is UTF-8,
+ * NUL-terminated, without a trailing newline, and valid only during the
+ * call (copy it to keep it).
+ */
+typedef void (*rdmamig_log_callback)(void *user_data, rdmamig_log_level level, const char *message);
 
 /**
  * A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
@@ -865,7 +932,8 @@ rdmamig_status rdmamig_conn_flush(struct rdmamig_conn *conn);
 /**
  * Destination: reads device-state stream bytes into `buf` (of `len` bytes):
  * waits until at least one byte is there (at most `timeout_ms`
- * milliseconds; 0 waits for ever), copies up to `len` bytes and stores
+ * milliseconds; `RDMAMIG_WAIT_FOREVER` (0) waits for ever,
+ * `RDMAMIG_NO_WAIT` not at all), copies up to `len` bytes and stores
  * their number in `*read_out`. `len == 0` returns at once with 0 (`buf` may
  * then be NULL).
  *
@@ -876,7 +944,8 @@ rdmamig_status rdmamig_conn_flush(struct rdmamig_conn *conn);
  * the failure (`RDMAMIG_ERR_DISCONNECTED`, `RDMAMIG_ERR_PEER`, ...: the
  * migration did not complete, whatever the stream looks like).
  * `RDMAMIG_ERR_TIMEOUT` when the wait ran out (nothing is lost: call
- * again).
+ * again); `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT` when there is
+ * nothing to return yet (`rdmamig_conn_event_fd` says when there is).
  *
  * Thread safety: takes a `const` handle, so another thread may call
  * `rdmamig_conn_abort` (or read stats) meanwhile.
@@ -912,12 +981,17 @@ rdmamig_status rdmamig_conn_put_return(const struct rdmamig_conn *conn,
                                        size_t len);
 
 /**
- * Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
+ * Destination: waits (at most `timeout_ms` milliseconds;
+ * `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all)
  * until at least `n` iteration windows have completed, i.e. all RAM the
  * source saved in them is in place, and stores the number completed in
- * `*done_out` (which may be NULL). `n == 0` returns at once.
+ * `*done_out` (which may be NULL). `n == 0` returns at once. Returning a
+ * count clears the completed windows' part of the readiness of
+ * `rdmamig_conn_event_fd`.
  *
  * Returns `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
+ * `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT` when fewer than `n`
+ * completed,
  * `RDMAMIG_ERR_DISCONNECTED` when the source ended the migration before
  * `n` windows completed, or the connection's error.
  *
@@ -930,8 +1004,10 @@ rdmamig_status rdmamig_conn_wait_iteration(const struct rdmamig_conn *conn,
                                            uint64_t *done_out);
 
 /**
- * Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
- * until the connection has ended and returns how: `RDMAMIG_END_COMPLETED`
+ * Destination: waits (at most `timeout_ms` milliseconds;
+ * `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all:
+ * `RDMAMIG_ERR_WOULD_BLOCK` while it lasts) until the connection has ended
+ * and returns how: `RDMAMIG_END_COMPLETED`
  * (the source's end marker arrived after its last window and last stream
  * byte, matched what this side received, and was acknowledged),
  * `RDMAMIG_END_UNVERIFIED` (a QEMU source, which has no end marker, closed
@@ -1007,6 +1083,49 @@ size_t rdmamig_conn_error_message(const struct rdmamig_conn *conn, char *buf, si
  * Thread-safe.
  */
 rdmamig_status rdmamig_device_probe(const char *name, char *name_out, size_t name_out_len);
+
+/**
+ * Stores in `*fd_out` a file descriptor for an event loop to poll
+ * (`POLLIN` / `EPOLLIN`) instead of blocking in the connection's calls.
+ * It is level-triggered: readable exactly while the connection has
+ * something for the caller, and the library changes it only together with
+ * what the calls below report, so a loop is never woken for nothing and
+ * never misses a change.
+ *
+ * A destination's fd is readable while at least one of these holds:
+ * - stream bytes wait to be read: until `rdmamig_conn_get` has taken the
+ *   last of them;
+ * - an iteration window completed that no `rdmamig_conn_wait_iteration`
+ *   call has returned yet: until one returns a count that includes it
+ *   (`rdmamig_conn_wait_iteration(conn, 0, RDMAMIG_NO_WAIT, &done)` always
+ *   succeeds and does);
+ * - the connection has ended (completed, unverified or failed): for good.
+ *
+ * A source's fd is readable once the connection has failed (the
+ * destination's error, a disconnect, the liveness check,
+ * `rdmamig_conn_abort`), for good, and never before: every call then
+ * returns the error. (An rdmamig source has nothing to read: it opens no
+ * return path.)
+ *
+ * The loop of a destination, when the fd is readable: call
+ * `rdmamig_conn_get(conn, buf, len, RDMAMIG_NO_WAIT, &n)` until it returns
+ * `RDMAMIG_ERR_WOULD_BLOCK` (or how the connection ended), then
+ * `rdmamig_conn_wait_iteration(conn, 0, RDMAMIG_NO_WAIT, &done)`, then poll
+ * again. None of these calls waits.
+ *
+ * The fd belongs to the connection (an eventfd): do not read, write or
+ * close it. It is the same fd on every call and stays valid until
+ * `rdmamig_conn_close` or `rdmamig_conn_free`; remove it from an epoll set
+ * before either (closing it removes it from sets it was added to). It is
+ * close-on-exec.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`; `RDMAMIG_ERR_STATE`
+ * after `rdmamig_conn_close`. `*fd_out` is written only on success.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`;
+ * any thread may poll the fd.
+ */
+rdmamig_status rdmamig_conn_event_fd(const struct rdmamig_conn *conn, int *fd_out);
 
 /**
  * Listens for sources on `host:port`. `host` is a host name, an IPv4 or an
@@ -1097,6 +1216,44 @@ rdmamig_status rdmamig_listener_accept(const struct rdmamig_listener *listener,
  * Thread safety: may run concurrently with other `const` uses of `listener`.
  */
 rdmamig_status rdmamig_listener_cancel(const struct rdmamig_listener *listener);
+
+/**
+ * Installs `callback` as the process's log callback, called with
+ * `user_data` for each record up to `max_level` (an `rdmamig_log_level`:
+ * `RDMAMIG_LOG_INFO` gives errors, warnings and information, not debug
+ * records). A NULL `callback` removes it (`user_data` and `max_level` are
+ * then ignored). Without a callback, the default, the library is silent:
+ * it never writes to stderr or stdout itself (only a panic's message is
+ * printed, by Rust's panic hook, see `rdmamig_selftest_panic_boundary`).
+ *
+ * There is one callback per process, shared by every connection; a later
+ * call replaces it (as does the Rust API's `set_log_hook`). Records are
+ * few and never per page: connect and accept with the negotiated
+ * capabilities, each completed iteration window (debug), how a migration
+ * ended, a failed connect or accept, the error that ended a connection,
+ * pinning the kernel refused.
+ *
+ * Threads: the callback runs on the thread that produced the record: the
+ * caller's (inside `rdmamig_connect`, `rdmamig_listener_accept`,
+ * `rdmamig_conn_iteration_end`, `rdmamig_conn_close`, ...) or one of the
+ * library's own (a connection's transfer or service thread, the pin-all
+ * registration thread). It may so be called
+ * from several threads at once and must be thread-safe; it runs on the
+ * data path, so it should be quick (queue the record, do not block).
+ * Records produced by rdmamig calls made inside the callback are dropped,
+ * and the callback cannot replace itself (`RDMAMIG_ERR_STATE`). When this
+ * function returns, the callback it replaced is neither running nor called
+ * again: its `user_data` may be freed.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown
+ * `max_level` (nothing changes); `RDMAMIG_ERR_STATE` from inside the
+ * callback.
+ *
+ * Thread-safe: may be called from any thread at any time.
+ */
+rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
+                                        void *user_data,
+                                        uint32_t max_level);
 
 /**
  * A new, empty RAM registry.

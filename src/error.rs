@@ -39,6 +39,10 @@ pub enum ErrorKind {
     /// (or does not authenticate while this side requires it), or its address
     /// is not on the listener's allow-list.
     Auth,
+    /// Nothing is ready yet and the call was asked not to wait (a timeout of
+    /// `Duration::ZERO`): call again once the connection's event fd is
+    /// readable. Not a failure of the connection.
+    WouldBlock,
 }
 
 /// An error with a message naming its cause.

@@ -15,6 +15,11 @@
 //! windows with `wait_iteration`. `Source::close` and `Destination::wait_end`
 //! say how the migration ended ([`Ending`]): completed (both sides agree),
 //! unverified (a QEMU peer, which has no completion handshake), or failed.
+//!
+//! Event loops poll a connection's `event_fd` (level-triggered) and call
+//! `get`/`wait_iteration`/`wait_end` with `Some(Duration::ZERO)`, which never
+//! waits ([`ErrorKind::WouldBlock`]). The library is silent unless a log hook
+//! is installed ([`set_log_hook`]).
 
 pub mod engine;
 pub mod error;
@@ -25,8 +30,8 @@ pub mod wire;
 
 pub use engine::doctor;
 pub use engine::{
-    AuthKey, Config, Destination, Ending, Event, Hint, Listener, Negotiated, Observer, RamBlock, RamBlocks, Read,
-    SaveRange, Source, SourcePrefix, Stats, Unregistration,
+    set_log_hook, AuthKey, Config, Destination, Ending, Event, Hint, Listener, LogHook, LogLevel, Negotiated, Observer,
+    RamBlock, RamBlocks, Read, SaveRange, Source, SourcePrefix, Stats, Unregistration,
 };
 pub use error::{Error, ErrorKind, Result};
 

@@ -3,6 +3,7 @@
 //! `rdmamig_conn`): which calls fit which role, closing, and the message of
 //! the last call that failed.
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -96,6 +97,15 @@ impl Connection {
         match &self.role {
             Role::Destination(d) => Ok(d),
             _ => Err(self.wrong_role(call, "destination")),
+        }
+    }
+
+    /// The connection's pollable fd (`Source::event_fd`, `Destination::event_fd`).
+    pub fn event_fd(&self, call: &str) -> Result<BorrowedFd<'_>> {
+        match &self.role {
+            Role::Source(s) => Ok(s.event_fd()),
+            Role::Destination(d) => Ok(d.event_fd()),
+            Role::Closed => Err(self.wrong_role(call, "open")),
         }
     }
 

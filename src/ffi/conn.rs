@@ -7,9 +7,10 @@ use std::os::raw::{c_char, c_void};
 
 use super::buffer::copy_to_c_buf;
 use super::config::rdmamig_config;
+use super::event::wait_of;
 use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, Castable};
 use super::last_error::{
-    bytes, bytes_mut, handle, handle_mut, items, opt_out, out_ref, record, record_or, string, timeout_of, Failure,
+    bytes, bytes_mut, handle, handle_mut, items, opt_out, out_ref, record, record_or, string, Failure,
 };
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
@@ -32,13 +33,13 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
 /// `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
 /// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
-/// `rdmamig_conn_get_stats`, `rdmamig_conn_hint`,
+/// `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
 /// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
 /// may run on the same connection at the same time. The library's own thread
 /// (one per connection) makes progress without the hypervisor and calls
-/// nothing back.
+/// nothing back (but the log callback, `rdmamig_set_log_callback`).
 pub struct rdmamig_conn {
     _private: [u8; 0],
 }
@@ -454,7 +455,8 @@ pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status 
 
 /// Destination: reads device-state stream bytes into `buf` (of `len` bytes):
 /// waits until at least one byte is there (at most `timeout_ms`
-/// milliseconds; 0 waits for ever), copies up to `len` bytes and stores
+/// milliseconds; `RDMAMIG_WAIT_FOREVER` (0) waits for ever,
+/// `RDMAMIG_NO_WAIT` not at all), copies up to `len` bytes and stores
 /// their number in `*read_out`. `len == 0` returns at once with 0 (`buf` may
 /// then be NULL).
 ///
@@ -465,7 +467,8 @@ pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status 
 /// the failure (`RDMAMIG_ERR_DISCONNECTED`, `RDMAMIG_ERR_PEER`, ...: the
 /// migration did not complete, whatever the stream looks like).
 /// `RDMAMIG_ERR_TIMEOUT` when the wait ran out (nothing is lost: call
-/// again).
+/// again); `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT` when there is
+/// nothing to return yet (`rdmamig_conn_event_fd` says when there is).
 ///
 /// Thread safety: takes a `const` handle, so another thread may call
 /// `rdmamig_conn_abort` (or read stats) meanwhile.
@@ -482,7 +485,7 @@ pub extern "C" fn rdmamig_conn_get(
         run(conn, F, |c| {
             let buf = bytes_mut(buf.cast::<u8>(), len, F, "buf")?;
             let read_out = out_ref(read_out, F, "read_out")?;
-            Ok(match c.as_destination(F)?.get(buf, timeout_of(timeout_ms))? {
+            Ok(match c.as_destination(F)?.get(buf, wait_of(timeout_ms))? {
                 Read::Bytes(n) => {
                     *read_out = n;
                     rdmamig_status::RDMAMIG_OK
@@ -529,12 +532,17 @@ pub extern "C" fn rdmamig_conn_put_return(
     }
 }
 
-/// Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
+/// Destination: waits (at most `timeout_ms` milliseconds;
+/// `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all)
 /// until at least `n` iteration windows have completed, i.e. all RAM the
 /// source saved in them is in place, and stores the number completed in
-/// `*done_out` (which may be NULL). `n == 0` returns at once.
+/// `*done_out` (which may be NULL). `n == 0` returns at once. Returning a
+/// count clears the completed windows' part of the readiness of
+/// `rdmamig_conn_event_fd`.
 ///
 /// Returns `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
+/// `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT` when fewer than `n`
+/// completed,
 /// `RDMAMIG_ERR_DISCONNECTED` when the source ended the migration before
 /// `n` windows completed, or the connection's error.
 ///
@@ -550,7 +558,7 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
     ffi_boundary! {
         const F: &str = "rdmamig_conn_wait_iteration";
         run(conn, F, |c| {
-            let done = c.as_destination(F)?.wait_iteration(n, timeout_of(timeout_ms))?;
+            let done = c.as_destination(F)?.wait_iteration(n, wait_of(timeout_ms))?;
             if let Some(d) = opt_out(done_out) {
                 *d = done;
             }
@@ -559,8 +567,10 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
     }
 }
 
-/// Destination: waits (at most `timeout_ms` milliseconds; 0 waits for ever)
-/// until the connection has ended and returns how: `RDMAMIG_END_COMPLETED`
+/// Destination: waits (at most `timeout_ms` milliseconds;
+/// `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all:
+/// `RDMAMIG_ERR_WOULD_BLOCK` while it lasts) until the connection has ended
+/// and returns how: `RDMAMIG_END_COMPLETED`
 /// (the source's end marker arrived after its last window and last stream
 /// byte, matched what this side received, and was acknowledged),
 /// `RDMAMIG_END_UNVERIFIED` (a QEMU source, which has no end marker, closed
@@ -580,7 +590,7 @@ pub extern "C" fn rdmamig_conn_wait_iteration(
 pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u32) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_wait_end";
-        run(conn, F, |c| Ok(c.as_destination(F)?.wait_end(timeout_of(timeout_ms))?))
+        run(conn, F, |c| Ok(c.as_destination(F)?.wait_end(wait_of(timeout_ms))?))
     }
 }
 

@@ -76,12 +76,16 @@ pub enum rdmamig_status {
     /// requires it, or (destination) its address is not allowed
     /// (`rdmamig_config_allow_source`).
     RDMAMIG_ERR_AUTH = 20,
+    /// Not a failure: nothing is ready yet and the call was asked not to
+    /// wait (`RDMAMIG_NO_WAIT`). Call again once the connection's event fd
+    /// (`rdmamig_conn_event_fd`) is readable.
+    RDMAMIG_ERR_WOULD_BLOCK = 21,
 }
 
 impl rdmamig_status {
     /// Every value, in numeric order. Keep in step with the enum (a unit test
     /// compares it with the header).
-    pub(crate) const ALL: [rdmamig_status; 21] = {
+    pub(crate) const ALL: [rdmamig_status; 22] = {
         use rdmamig_status::*;
         [
             RDMAMIG_OK,
@@ -105,6 +109,7 @@ impl rdmamig_status {
             RDMAMIG_ERR_CANCELLED,
             RDMAMIG_ERR_PIN_BUDGET,
             RDMAMIG_ERR_AUTH,
+            RDMAMIG_ERR_WOULD_BLOCK,
         ]
     };
 
@@ -142,6 +147,7 @@ impl rdmamig_status {
             RDMAMIG_ERR_CANCELLED => c"cancelled",
             RDMAMIG_ERR_PIN_BUDGET => c"pin budget exceeded",
             RDMAMIG_ERR_AUTH => c"peer authentication failed or peer not allowed",
+            RDMAMIG_ERR_WOULD_BLOCK => c"nothing ready yet (the call was asked not to wait)",
         }
     }
 }
@@ -165,6 +171,7 @@ impl From<ErrorKind> for rdmamig_status {
             ErrorKind::Cancelled => RDMAMIG_ERR_CANCELLED,
             ErrorKind::PinBudget => RDMAMIG_ERR_PIN_BUDGET,
             ErrorKind::Auth => RDMAMIG_ERR_AUTH,
+            ErrorKind::WouldBlock => RDMAMIG_ERR_WOULD_BLOCK,
         }
     }
 }
@@ -253,6 +260,7 @@ mod tests {
             Cancelled,
             PinBudget,
             Auth,
+            WouldBlock,
         ];
         let mut seen = std::collections::HashSet::new();
         for k in kinds {

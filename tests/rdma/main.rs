@@ -13,6 +13,7 @@ mod abort;
 mod auth;
 mod batch;
 mod child;
+mod event;
 mod hints;
 mod hostile;
 mod hostile_source;

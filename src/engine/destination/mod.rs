@@ -13,6 +13,7 @@ pub use dispatch::Observer;
 mod service;
 
 use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Listener, Negotiated};
+use crate::engine::logging;
 use crate::engine::pin::{Pins, Unregistration};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
@@ -42,14 +45,34 @@ pub enum Read {
 struct State {
     stream: VecDeque<u8>,
     iterations: u64,
+    /// The most windows a `wait_iteration` call has returned: windows past
+    /// it keep the event fd readable.
+    reported: u64,
     /// How the connection ended, once the service thread stopped.
     end: Option<Result<Ending>>,
+}
+
+impl State {
+    /// Whether the event fd is readable: see [`Destination::event_fd`].
+    fn ready(&self) -> bool {
+        !self.stream.is_empty() || self.iterations > self.reported || self.end.is_some()
+    }
 }
 
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     counters: Arc<Counters>,
+    event: Readiness,
+}
+
+impl Shared {
+    /// After `state` changed (its lock still held, so the fd and the state
+    /// agree whenever it is free): wakes the waiters and updates the event fd.
+    fn update(&self, state: &State) {
+        self.event.set(state.ready());
+        self.changed.notify_all();
+    }
 }
 
 /// A QEMU source's return-path connection.
@@ -65,7 +88,7 @@ enum ReturnChannel {
 ///
 /// Thread safety: every method takes `&self` and may be called from any thread.
 /// Progress never needs the hypervisor: the library's own service thread
-/// serves the source and calls nothing back.
+/// serves the source and calls nothing back (but the log hook, `set_log_hook`).
 pub struct Destination {
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
@@ -112,7 +135,11 @@ impl Destination {
             return Err(Error::new(ErrorKind::InvalidArgument, "the RAM block registry is empty"));
         }
         let counters = Arc::new(Counters::new());
-        let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout)?;
+        let event = Readiness::new()?;
+        let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout).inspect_err(|e| {
+            let level = if e.kind == ErrorKind::Cancelled { logging::Level::Info } else { logging::Level::Error };
+            logging::log(level, format_args!("destination: accepting a source failed: {e}"));
+        })?;
         // QEMU opens it right after the first is established, before it sends
         // anything on the first (an rdmamig source opens none).
         let return_channel = if listener.config().return_path && !link.negotiated.extensions {
@@ -121,9 +148,14 @@ impl Destination {
             ReturnChannel::Absent
         };
         let has_return_path = matches!(return_channel, ReturnChannel::Open(_));
+        if logging::enabled(logging::Level::Info) {
+            let from = link.peer_addr().map_or_else(|| "?".to_string(), |a| a.to_string());
+            let rp = if has_return_path { ", with a return path" } else { "" };
+            logging::info(format_args!("destination: accepted a source from {from}: {}{rp}", link.negotiated));
+        }
         let pins = Pins::new(link.pd.clone(), listener.config(), counters.clone())?;
         let unregistration = pins.worker();
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters });
+        let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters, event });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
         let service = Service::new(link, pins, ram.clone(), shared.clone(), observer);
@@ -193,9 +225,11 @@ impl Destination {
     }
 
     /// Reads stream bytes into `buf`: blocks until at least one byte is there
-    /// and returns how many were copied. Once the connection has ended and
-    /// every byte was read, returns how it ended: [`Read::End`], or the
-    /// failure. An empty `buf` reads 0 bytes at once.
+    /// (at most `timeout`; `None`: for ever) and returns how many were copied.
+    /// Once the connection has ended and every byte was read, returns how it
+    /// ended: [`Read::End`], or the failure. An empty `buf` reads 0 bytes at
+    /// once. A timeout of `Duration::ZERO` never waits: with nothing to
+    /// return it fails with `ErrorKind::WouldBlock` (see [`event_fd`](Self::event_fd)).
     pub fn get(&self, buf: &mut [u8], timeout: Option<Duration>) -> Result<Read> {
         if buf.is_empty() {
             return Ok(Read::Bytes(0));
@@ -210,19 +244,20 @@ impl Destination {
                 buf[..from_front].copy_from_slice(&front[..from_front]);
                 buf[from_front..n].copy_from_slice(&back[..n - from_front]);
                 state.stream.drain(..n);
-                self.shared.changed.notify_all();
+                self.shared.update(&state);
                 return Ok(Read::Bytes(n));
             }
             if let Some(end) = &state.end {
                 return end.clone().map(Read::End);
             }
-            self.wait(&mut state, deadline, "stream bytes")?;
+            self.wait(&mut state, timeout, deadline, "stream bytes")?;
         }
     }
 
     /// Waits until the connection has ended and returns how: completed,
     /// closed without proof (a QEMU source), or the failure. Stream bytes not
-    /// read yet stay readable with `get`.
+    /// read yet stay readable with `get`. `Duration::ZERO` never waits
+    /// (`ErrorKind::WouldBlock` while the connection lasts).
     pub fn wait_end(&self, timeout: Option<Duration>) -> Result<Ending> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.shared.state.lock();
@@ -230,17 +265,22 @@ impl Destination {
             if let Some(end) = &state.end {
                 return end.clone();
             }
-            self.wait(&mut state, deadline, "the end of the migration")?;
+            self.wait(&mut state, timeout, deadline, "the end of the migration")?;
         }
     }
 
     /// Waits until at least `n` iteration windows have completed (all RAM
-    /// written in them is in place) and returns the number completed.
+    /// written in them is in place) and returns the number completed, which
+    /// also clears the windows' part of the event fd's readiness.
+    /// `Duration::ZERO` never waits (`ErrorKind::WouldBlock` while fewer
+    /// than `n` completed); `n == 0` returns the count at once.
     pub fn wait_iteration(&self, n: u64, timeout: Option<Duration>) -> Result<u64> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.shared.state.lock();
         loop {
             if state.iterations >= n {
+                state.reported = state.iterations;
+                self.shared.event.set(state.ready());
                 return Ok(state.iterations);
             }
             match &state.end {
@@ -251,12 +291,23 @@ impl Destination {
                         format!("the source ended the migration after {} iteration windows", state.iterations),
                     ))
                 }
-                None => self.wait(&mut state, deadline, "an iteration to complete")?,
+                None => self.wait(&mut state, timeout, deadline, "an iteration to complete")?,
             }
         }
     }
 
-    fn wait(&self, state: &mut parking_lot::MutexGuard<State>, deadline: Option<Instant>, what: &str) -> Result<()> {
+    /// Waits for the state to change, until `deadline`; with a timeout of
+    /// zero, fails with `WouldBlock` at once instead.
+    fn wait(
+        &self,
+        state: &mut parking_lot::MutexGuard<State>,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        what: &str,
+    ) -> Result<()> {
+        if timeout == Some(Duration::ZERO) {
+            return Err(Error::new(ErrorKind::WouldBlock, format!("waiting for {what} would block")));
+        }
         match deadline {
             None => self.shared.changed.wait(state),
             Some(d) => {
@@ -266,6 +317,31 @@ impl Destination {
             }
         }
         Ok(())
+    }
+
+    /// A file descriptor to poll (POLLIN, EPOLLIN) instead of blocking in
+    /// [`get`](Self::get), [`wait_iteration`](Self::wait_iteration) or
+    /// [`wait_end`](Self::wait_end). Level-triggered: it is readable exactly
+    /// while at least one of these holds, and the library changes it only
+    /// together with what it reports:
+    ///
+    /// - stream bytes wait to be read (`get` with `Duration::ZERO` returns
+    ///   some): until `get` has taken the last of them;
+    /// - an iteration window completed that no `wait_iteration` call has
+    ///   returned yet: until a `wait_iteration` call returns a count that
+    ///   includes it (`wait_iteration(0, Some(Duration::ZERO))` always does);
+    /// - the connection has ended (`wait_end` with `Duration::ZERO` returns
+    ///   how): from then on, for good.
+    ///
+    /// So an event loop, once the fd is readable, calls `get` with
+    /// `Duration::ZERO` until `ErrorKind::WouldBlock` (or the end),
+    /// `wait_iteration(0, Some(Duration::ZERO))`, and polls again: it is never
+    /// woken for nothing, and never misses a change (the fd is readable
+    /// again before the next change is visible to those calls). Do not read
+    /// from or write to the fd: it is the library's (an eventfd), valid until
+    /// the `Destination` is dropped. Other threads may poll it too.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.shared.event.fd()
     }
 
     pub fn iterations(&self) -> u64 {

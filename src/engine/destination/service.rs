@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
 use super::Shared;
 use crate::engine::link::Link;
+use crate::engine::logging;
 use crate::engine::pin::{PinAll, Pins};
 use crate::engine::ram::RamBlocks;
 use crate::engine::Ending;
@@ -81,6 +82,14 @@ impl Service {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the service thread panicked")));
         let end = self.judge(result);
+        match &end {
+            Ok(Ending::Completed) => logging::info(format_args!("destination: migration completed (END acknowledged)")),
+            Ok(Ending::Unverified) => logging::info(format_args!(
+                "destination: the source closed outside a window without a completion handshake (a QEMU source): \
+                 unverified, the stream must prove it"
+            )),
+            Err(e) => logging::error(format_args!("destination: the connection failed: {e}")),
+        }
         if let Err(e) = &end {
             if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
                 self.link.send_error();
@@ -91,8 +100,9 @@ impl Service {
         let Service { link, mut pins, dispatcher, shared, .. } = self;
         drop(link);
         dispatcher.release_all(&mut pins);
-        shared.state.lock().end = Some(end);
-        shared.changed.notify_all();
+        let mut state = shared.state.lock();
+        state.end = Some(end);
+        shared.update(&state);
     }
 
     /// How the connection ended. Only the completion handshake completes a
@@ -129,16 +139,21 @@ impl Service {
                 let step = dispatcher.dispatch(m, pins)?;
                 // The payload lives in the receive buffer, which the link reuses.
                 if let Step::Stream = step {
-                    shared.state.lock().stream.extend(m.payload);
-                    shared.changed.notify_all();
+                    let mut state = shared.state.lock();
+                    state.stream.extend(m.payload);
+                    shared.update(&state);
                 }
                 Ok(step)
             })?;
             match step {
                 Step::Stream | Step::Applied => {}
                 Step::WindowClosed => {
-                    self.shared.state.lock().iterations += 1;
-                    self.shared.changed.notify_all();
+                    let mut state = self.shared.state.lock();
+                    state.iterations += 1;
+                    self.shared.update(&state);
+                    let n = state.iterations;
+                    drop(state);
+                    logging::debug(format_args!("destination: iteration window {n} complete"));
                 }
                 Step::Answer(reply) => self.answer(&reply)?,
                 Step::Blocks => {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::auth::auth_error;
 use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
 use crate::engine::auth::{self, Role, Transcript};
+use crate::engine::logging;
 use crate::engine::pin;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
@@ -45,12 +46,32 @@ pub struct Negotiated {
     pub authenticated: bool,
 }
 
+/// For the log: "pin-all on, rdmamig extensions on, authenticated".
+impl std::fmt::Display for Negotiated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let on = |b: bool| if b { "on" } else { "off" };
+        write!(f, "pin-all {}, rdmamig extensions {}", on(self.pin_all), on(self.extensions))?;
+        if !self.extensions {
+            f.write_str(" (a QEMU peer)")?;
+        }
+        f.write_str(if self.authenticated { ", authenticated" } else { ", not authenticated" })
+    }
+}
+
 impl Negotiated {
     /// What `config` offers (source) or allows (destination): pin-all only
     /// if the pin budget holds all `ram_bytes` of guest RAM (else this side
     /// registers dynamically, as QEMU does when its peer refuses pin-all).
     fn offered(config: &Config, ram_bytes: u64) -> Self {
-        let fits = pin::budget_for(config).is_none_or(|b| ram_bytes <= b);
+        let budget = pin::budget_for(config);
+        let fits = budget.is_none_or(|b| ram_bytes <= b);
+        if config.pin_all && !fits {
+            logging::warn(format_args!(
+                "pin-all not offered: {ram_bytes} bytes of RAM do not fit the pin budget of {} bytes \
+                 (registering dynamically)",
+                budget.unwrap_or(u64::MAX)
+            ));
+        }
         let authenticated = config.auth_key.is_some() && config.extensions;
         Negotiated { pin_all: config.pin_all && fits, extensions: config.extensions, authenticated }
     }
@@ -237,6 +258,7 @@ impl Link {
             let event = listener.next_event(left).map_err(|e| (e, refused.clone()))?;
             match Link::admit(listener, event, admit, ram_bytes, counters.clone()) {
                 Err(e) if e.kind == ErrorKind::Auth => {
+                    logging::warn(format_args!("destination: {}; still listening", e.message));
                     refused = Some((refused.map_or(0, |(n, _)| n) + 1, e));
                 }
                 r => return r.map_err(|e| (e, None)),

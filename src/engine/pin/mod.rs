@@ -20,6 +20,7 @@ pub(crate) use pin_all::PinAll;
 pub use sharing::pin_would_copy;
 pub use unregister::Unregistration;
 
+use crate::engine::logging;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
@@ -36,7 +37,16 @@ pub(crate) const CONTROL_PINNED: u64 = 3 * (CONTROL_BUFFER_SIZE as u64 + 2 * 409
 /// `ibv_fork_init()` where the kernel does not copy pinned pages at fork.
 pub fn fork_mode() -> ForkMode {
     static MODE: OnceLock<ForkMode> = OnceLock::new();
-    *MODE.get_or_init(verbs::fork_init)
+    *MODE.get_or_init(|| {
+        let mode = verbs::fork_init();
+        if mode == ForkMode::Disabled {
+            logging::warn(format_args!(
+                "fork safety is off: the kernel does not copy pinned pages at fork and ibv_fork_init came too late \
+                 (set RDMAV_FORK_SAFE=1 before the first verbs use)"
+            ));
+        }
+        mode
+    })
 }
 
 /// The budget a connection side keeps: the configured one (`u64::MAX`:
@@ -62,6 +72,9 @@ fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
     if e.errno != libc::ENOMEM && e.errno != libc::EPERM {
         return e.into();
     }
+    logging::warn(format_args!(
+        "the kernel refused to pin {len} more bytes ({e}) with {pinned} pinned (RLIMIT_MEMLOCK)"
+    ));
     Error::new(
         ErrorKind::PinBudget,
         format!(

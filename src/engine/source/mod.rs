@@ -12,12 +12,15 @@ mod staging;
 mod transfer;
 pub(crate) use transfer::REGISTER_BATCH;
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
+use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Negotiated};
+use crate::engine::logging;
 use crate::engine::pin::{Hint, Unregistration};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
@@ -78,6 +81,9 @@ struct Shared {
     closing: AtomicBool,
     /// The bandwidth cap in bytes per second (0: none); the transfer thread paces by it.
     max_bandwidth: AtomicU64,
+    /// Readable once the connection has failed (`Source::event_fd`): set
+    /// right after `front.error`, by the transfer thread or `abort`.
+    event: Readiness,
 }
 
 /// The source end of a migration connection.
@@ -107,14 +113,19 @@ impl Source {
             ));
         }
         let counters = Arc::new(Counters::new());
-        let link = Link::connect(host, port, config, ram.total_bytes(), counters.clone())?;
+        let event = Readiness::new()?;
+        let link = Link::connect(host, port, config, ram.total_bytes(), counters.clone()).inspect_err(|e| {
+            logging::error(format_args!("source: cannot connect to {host}:{port}: {e}"));
+        })?;
         let shared = Arc::new(Shared {
             front: Front::new(ram.clone()),
             counters,
             closing: AtomicBool::new(false),
             max_bandwidth: AtomicU64::new(config.max_bandwidth.unwrap_or(0)),
+            event,
         });
         let negotiated = link.negotiated;
+        logging::info(format_args!("source: connected to {host}:{port}: {negotiated}"));
         let stop = link.stop.clone();
         let engine = Engine::new(link, config, ram.clone(), shared.clone())?;
         let unregistration = engine.unregistration();
@@ -218,7 +229,15 @@ impl Source {
         }
         let start = Instant::now();
         let r = self.call(Command::EndIteration);
-        Counters::add(&self.shared.counters.iteration_end_ns, start.elapsed().as_nanos() as u64);
+        let took = start.elapsed();
+        Counters::add(&self.shared.counters.iteration_end_ns, took.as_nanos() as u64);
+        if r.is_ok() && logging::enabled(logging::Level::Debug) {
+            let n = self.shared.counters.iterations.load(Ordering::Relaxed);
+            logging::debug(format_args!(
+                "source: iteration window {n} complete ({} ms in iteration_end)",
+                took.as_millis()
+            ));
+        }
         r
     }
 
@@ -259,6 +278,19 @@ impl Source {
         self.shared.counters.snapshot()
     }
 
+    /// A file descriptor to poll (POLLIN, EPOLLIN) for the connection's
+    /// failure, so that an event loop learns of a destination that went away
+    /// (its ERROR, a disconnect, the liveness check) without a call blocked
+    /// on the connection. Level-triggered: readable once the connection has
+    /// failed (from then on every call returns the error, see
+    /// [`error`](Self::error)), and for good; never before. A source has
+    /// nothing else to read: an rdmamig source opens no return path. Do not
+    /// read from or write to it (an eventfd, the library's); valid until the
+    /// `Source` is closed or dropped.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.shared.event.fd()
+    }
+
     /// The stored error, if the connection failed.
     pub fn error(&self) -> Option<Error> {
         self.shared.front.error.get()
@@ -268,6 +300,7 @@ impl Source {
     /// the transfer thread sends ERROR and tears down.
     pub fn abort(&self) {
         self.shared.front.error.set(Error::new(ErrorKind::Aborted, "the migration was aborted by the hypervisor"));
+        self.shared.event.set(true);
         self.stop.store(true, Ordering::Relaxed);
         self.shared.front.wake();
     }
@@ -288,6 +321,13 @@ impl Source {
             }
         });
         self.shutdown();
+        match &r {
+            Ok(Ending::Completed) => logging::info(format_args!("source: migration completed (END acknowledged)")),
+            Ok(Ending::Unverified) => logging::info(format_args!(
+                "source: closed; everything sent and written, unverified (a QEMU destination has no completion handshake)"
+            )),
+            Err(e) => logging::error(format_args!("source: close failed, the migration did not complete: {e}")),
+        }
         r
     }
 

@@ -15,6 +15,7 @@ use super::sparse::Part;
 use super::staging::Staging;
 use super::{Command, Shared};
 use crate::engine::link::{protocol_error as protocol, Link};
+use crate::engine::logging;
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
 use crate::engine::ram::{chunk_of, RamBlock, RamBlocks};
 use crate::engine::stats::Counters;
@@ -158,9 +159,11 @@ impl Engine {
     pub fn run(mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the transfer thread panicked")));
+        let failed = result.is_err();
         let ended = match result {
             Ok(()) => Error::new(ErrorKind::Aborted, "the connection is closed"),
             Err(e) => {
+                logging::error(format_args!("source: the connection failed: {e}"));
                 if !matches!(e.kind, ErrorKind::PeerError | ErrorKind::Disconnected) {
                     self.link.send_error();
                 }
@@ -169,6 +172,10 @@ impl Engine {
         };
         // Later calls see the stored error; so does whatever still waits in the queue.
         let stored = self.shared.front.error.set(ended);
+        // Not after a close that went well: only a failure makes the fd readable.
+        if failed {
+            self.shared.event.set(true);
+        }
         while let Some(cmd) = self.shared.front.pop() {
             if let Some(d) = cmd.done() {
                 d.set(Err(stored.clone()));

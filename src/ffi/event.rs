@@ -1,0 +1,105 @@
+//! Event-loop integration: `rdmamig_conn_event_fd` and the wait constants
+//! (`RDMAMIG_WAIT_FOREVER`, `RDMAMIG_NO_WAIT`) of the calls that wait.
+
+use std::os::fd::AsRawFd;
+use std::os::raw::c_int;
+use std::time::Duration;
+
+use super::conn::{rdmamig_conn, run};
+use super::last_error::out_ref;
+use super::status::rdmamig_status;
+
+/// `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
+/// `rdmamig_conn_wait_end`: wait for ever (the meaning 0 always had).
+pub const RDMAMIG_WAIT_FOREVER: u32 = 0;
+
+/// `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
+/// `rdmamig_conn_wait_end`: do not wait. The call returns what is ready, or
+/// `RDMAMIG_ERR_WOULD_BLOCK` at once; for an event loop, with
+/// `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
+/// a real wait of 49.7 days is not one anybody asks for.)
+pub const RDMAMIG_NO_WAIT: u32 = u32::MAX;
+
+/// The C convention of the connection's waits: `RDMAMIG_WAIT_FOREVER` (0)
+/// for ever, `RDMAMIG_NO_WAIT` not at all (the engine's `Duration::ZERO`),
+/// else milliseconds.
+pub(crate) fn wait_of(ms: u32) -> Option<Duration> {
+    match ms {
+        RDMAMIG_WAIT_FOREVER => None,
+        RDMAMIG_NO_WAIT => Some(Duration::ZERO),
+        ms => Some(Duration::from_millis(u64::from(ms))),
+    }
+}
+
+/// Stores in `*fd_out` a file descriptor for an event loop to poll
+/// (`POLLIN` / `EPOLLIN`) instead of blocking in the connection's calls.
+/// It is level-triggered: readable exactly while the connection has
+/// something for the caller, and the library changes it only together with
+/// what the calls below report, so a loop is never woken for nothing and
+/// never misses a change.
+///
+/// A destination's fd is readable while at least one of these holds:
+/// - stream bytes wait to be read: until `rdmamig_conn_get` has taken the
+///   last of them;
+/// - an iteration window completed that no `rdmamig_conn_wait_iteration`
+///   call has returned yet: until one returns a count that includes it
+///   (`rdmamig_conn_wait_iteration(conn, 0, RDMAMIG_NO_WAIT, &done)` always
+///   succeeds and does);
+/// - the connection has ended (completed, unverified or failed): for good.
+///
+/// A source's fd is readable once the connection has failed (the
+/// destination's error, a disconnect, the liveness check,
+/// `rdmamig_conn_abort`), for good, and never before: every call then
+/// returns the error. (An rdmamig source has nothing to read: it opens no
+/// return path.)
+///
+/// The loop of a destination, when the fd is readable: call
+/// `rdmamig_conn_get(conn, buf, len, RDMAMIG_NO_WAIT, &n)` until it returns
+/// `RDMAMIG_ERR_WOULD_BLOCK` (or how the connection ended), then
+/// `rdmamig_conn_wait_iteration(conn, 0, RDMAMIG_NO_WAIT, &done)`, then poll
+/// again. None of these calls waits.
+///
+/// The fd belongs to the connection (an eventfd): do not read, write or
+/// close it. It is the same fd on every call and stays valid until
+/// `rdmamig_conn_close` or `rdmamig_conn_free`; remove it from an epoll set
+/// before either (closing it removes it from sets it was added to). It is
+/// close-on-exec.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`; `RDMAMIG_ERR_STATE`
+/// after `rdmamig_conn_close`. `*fd_out` is written only on success.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`;
+/// any thread may poll the fd.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_event_fd(conn: *const rdmamig_conn, fd_out: *mut c_int) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_event_fd";
+        run(conn, F, |c| {
+            let fd_out = out_ref(fd_out, F, "fd_out")?;
+            *fd_out = c.event_fd(F)?.as_raw_fd();
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr::{null, null_mut};
+
+    #[test]
+    fn waits() {
+        assert_eq!(wait_of(RDMAMIG_WAIT_FOREVER), None);
+        assert_eq!(wait_of(RDMAMIG_NO_WAIT), Some(Duration::ZERO));
+        assert_eq!(wait_of(1500), Some(Duration::from_millis(1500)));
+        assert_eq!(wait_of(u32::MAX - 1), Some(Duration::from_millis(u64::from(u32::MAX - 1))));
+    }
+
+    #[test]
+    fn event_fd_of_null_fails_and_writes_nothing() {
+        let mut fd = -7;
+        assert_eq!(rdmamig_conn_event_fd(null(), &mut fd), rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_event_fd(null(), null_mut()), rdmamig_status::RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(fd, -7, "not written on failure");
+    }
+}
