@@ -13,6 +13,8 @@
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make docs            the C API reference (Doxygen, warnings as errors): target/doc-c/html/
 #   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
+#                        (scripts/demo.sh: installs what is missing first)
+#   make deb             the Debian packages into target/deb/ (scripts/deb.sh)
 #   make bench           the migration benchmark (examples/bench.rs, scripts/bench.sh): ib_write_bw,
 #                        QEMU -> QEMU and rdmamig <-> rdmamig in one guest boot, one table
 #                        (BENCH_ARGS, e.g. BENCH_ARGS=--quick)
@@ -76,7 +78,7 @@ EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
 EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo bench bench-demo bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -157,8 +159,15 @@ check: c-tests
 
 # Migrates 256 MiB from a source to a destination process over Soft-RoCE in a
 # throw-away QEMU guest (scripts/rxe-vm.sh; needs root, boots in ~10 s).
-demo: all $(CTEST_DIR)/rdma_test_demo
-	bash scripts/rxe-vm.sh '$(CTEST_DIR)/rdma_test_demo --mib 256'
+# scripts/demo.sh first installs what is missing on Debian/Ubuntu
+# (scripts/prerequisites.sh), then builds (all, the demo) and boots the guest.
+demo:
+	bash scripts/demo.sh
+
+# librdmamig0, librdmamig-dev and rdmamig (debian/) with dpkg-buildpackage -b
+# -us -uc, into target/deb/; needs debhelper (scripts/prerequisites.sh deb).
+deb:
+	bash scripts/deb.sh
 
 # The migration benchmark: ib_write_bw anchors, QEMU -> QEMU and rdmamig <->
 # rdmamig (dense guest in four modes, sparse guest, final round) in one guest

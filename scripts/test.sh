@@ -6,13 +6,10 @@
 #
 # TEST_SKIP_RDMA_SUITE=1 skips the guest steps (loudly), for quick local runs.
 # Each step prints a banner and its elapsed seconds; the first failing step
-# stops the run with a non-zero exit. Needs root (or sudo) only when system
-# packages are missing.
+# stops the run with a non-zero exit. Needs root (or sudo) when system
+# packages are missing, and for the Debian packages step (dpkg -i, then purge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-CBINDGEN_VERSION=0.29.4
-APT_PACKAGES=(libibverbs-dev librdmacm-dev ibverbs-utils pkg-config meson ninja-build gcc g++ make binutils valgrind doxygen)
 
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
@@ -64,44 +61,9 @@ finish() {
     exit "$failed"
 }
 
-as_root() {
-    if (( EUID == 0 )); then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
-        echo "test.sh: need root to run: $*" >&2; return 1; fi
-}
-
-install_prerequisites() {
-    local missing=() p
-    for p in "${APT_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-    done
-    if (( ${#missing[@]} )); then
-        echo "installing: ${missing[*]}"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-    else
-        echo "system packages: all present (${APT_PACKAGES[*]})"
-    fi
-
-    local have
-    have=$(cbindgen --version 2>/dev/null | awk '{print $2}') || true
-    if [[ "$have" != "$CBINDGEN_VERSION" ]]; then
-        echo "installing cbindgen $CBINDGEN_VERSION (found: ${have:-none})"
-        cargo install --locked --force --version "$CBINDGEN_VERSION" cbindgen
-    else
-        echo "cbindgen $have"
-    fi
-
-    if cargo fuzz --version >/dev/null 2>&1; then
-        cargo fuzz --version
-    else
-        echo "installing cargo-fuzz"
-        cargo install --locked --version 0.13.2 cargo-fuzz
-    fi
-    cargo --version
-    rustc --version
-}
-
-step "prerequisites" install_prerequisites
+# What is missing (apt packages, cbindgen, cargo-fuzz): scripts/prerequisites.sh,
+# shared with `make demo` (rdma-suite.sh installs the guest's: rxe-vm.sh --install-only).
+step "prerequisites" bash scripts/prerequisites.sh test deb
 step "cargo build --release" cargo build --release
 step "cargo test --release" cargo test --release
 step "cargo clippy" cargo clippy --release --all-targets --features rdma-tests,bench-internals -- -D warnings
@@ -111,6 +73,7 @@ step "ABI check" bash scripts/check-abi.sh
 step "C tests (make check)" make --no-print-directory c-tests check
 step "install + pkg-config + meson" bash scripts/check-install.sh
 step "C API docs (Doxygen)" bash scripts/docs.sh
+step "debian packages" bash scripts/deb.sh --check
 step "fuzz (10 s per target)" bash scripts/fuzz.sh ci
 if [[ -n "${TEST_SKIP_RDMA_SUITE:-}" ]]; then
     skip "rxe-vm harness tests" "TEST_SKIP_RDMA_SUITE is set"
