@@ -53,12 +53,22 @@ impl Engine {
     }
 
     /// Chunks per REGISTER_REQUEST: QEMU serves one per message; otherwise
-    /// up to half of the smaller budget, so a batch never has to unpin the
-    /// chunks of the batch before it.
+    /// up to `chunks_per_response`.
     pub(super) fn register_batch(&self) -> usize {
         if !self.link.negotiated.extensions {
             return 1;
         }
+        self.chunks_per_response()
+    }
+
+    /// Chunks one REGISTER response may cover (one batch toward an rdmamig
+    /// peer, one run of consecutive chunks toward QEMU): up to half of the
+    /// smaller budget. The chunks of a response cannot be unpinned until the
+    /// writes it allows are posted, and those writes pin their chunks here:
+    /// with more than the budget in one response the last of them would find
+    /// nothing to unpin. Half, so that a batch never has to unpin the chunks
+    /// of the batch before it.
+    pub(super) fn chunks_per_response(&self) -> usize {
         let budget = match (self.pins.budget(), self.link.peer_pin_budget) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or(u64::MAX),

@@ -542,7 +542,8 @@ impl Engine {
     /// chunk each (each is unpinned on its own), up to `register_batch`.
     /// Toward QEMU, whose destination answers only the first entry of a
     /// request but registers `chunks` more after an entry's chunk under its
-    /// key: one registration of the run of consecutive chunks at the front.
+    /// key: one registration of the run of consecutive chunks at the front,
+    /// up to `chunks_per_response`.
     fn next_registrations(&mut self) -> Vec<(ChunkKey, usize)> {
         if self.link.negotiated.extensions {
             let take = self.to_register.len().min(self.register_batch());
@@ -552,7 +553,7 @@ impl Engine {
         let run = self
             .to_register
             .iter()
-            .take(REGISTER_BATCH)
+            .take(self.chunks_per_response())
             .enumerate()
             .take_while(|&(i, &(b, c))| b == block && c == first + i)
             .count();
