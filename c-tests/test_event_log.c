@@ -44,6 +44,10 @@ static void test_null_conn(void) {
     char msg[128];
     rdmamig_last_error_message(msg, sizeof msg);
     CHECK(strcmp(msg, "rdmamig_conn_event_fd: conn is NULL") == 0);
+    CHECK_STATUS(rdmamig_listener_event_fd(NULL, &fd), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK(fd == -7);
+    rdmamig_last_error_message(msg, sizeof msg);
+    CHECK(strcmp(msg, "rdmamig_listener_event_fd: listener is NULL") == 0);
     char buf[4];
     size_t n = 99;
     uint64_t done = 99;

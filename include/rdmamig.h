@@ -38,15 +38,17 @@
 #define RDMAMIG_DEVICE_NAME_MAX 63
 
 /**
- * `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
- * `rdmamig_conn_wait_end`: wait for ever (the meaning 0 always had).
+ * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
+ * `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: wait for ever
+ * (the meaning 0 always had).
  */
 #define RDMAMIG_WAIT_FOREVER 0
 
 /**
- * `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
- * `rdmamig_conn_wait_end`: do not wait. The call returns what is ready, or
- * `RDMAMIG_ERR_WOULD_BLOCK` at once; for an event loop, with
+ * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
+ * `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: do not wait.
+ * The call returns what is ready, or `RDMAMIG_ERR_WOULD_BLOCK` at once; for
+ * an event loop, with `rdmamig_listener_event_fd` and
  * `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
  * a real wait of 49.7 days is not one anybody asks for.)
  */
@@ -1128,6 +1130,26 @@ rdmamig_status rdmamig_device_probe(const char *name, char *name_out, size_t nam
 rdmamig_status rdmamig_conn_event_fd(const struct rdmamig_conn *conn, int *fd_out);
 
 /**
+ * Stores in `*fd_out` a file descriptor for an event loop to poll
+ * (`POLLIN` / `EPOLLIN`) instead of blocking in `rdmamig_listener_accept`:
+ * readable while a source's connection request waits to be accepted
+ * (level-triggered). Then `rdmamig_listener_accept(listener, ram,
+ * RDMAMIG_NO_WAIT, &conn)` takes it; it returns `RDMAMIG_ERR_WOULD_BLOCK`
+ * when there was none after all (another thread took it, or the fd
+ * reported another event of the listening endpoint).
+ *
+ * The fd belongs to the listener: do not read, write or close it. It is the
+ * same fd on every call and stays valid until `rdmamig_listener_free`.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`. `*fd_out` is written
+ * only on success.
+ *
+ * Thread safety: may run concurrently with other `const` uses of
+ * `listener`; any thread may poll the fd.
+ */
+rdmamig_status rdmamig_listener_event_fd(const struct rdmamig_listener *listener, int *fd_out);
+
+/**
  * Listens for sources on `host:port`. `host` is a host name, an IPv4 or an
  * IPv6 address of an RDMA device ("0.0.0.0" for every IPv4 device); `port`
  * 0 picks a free port (`rdmamig_listener_port` tells which). `config` is
@@ -1168,8 +1190,9 @@ uint16_t rdmamig_listener_port(const struct rdmamig_listener *listener);
 void rdmamig_listener_free(struct rdmamig_listener *listener);
 
 /**
- * Waits for a source to connect (at most `timeout_ms` milliseconds; 0 waits
- * for ever), accepts it as the destination, and starts the connection's
+ * Waits for a source to connect (at most `timeout_ms` milliseconds;
+ * `RDMAMIG_WAIT_FOREVER` (0) for ever; `RDMAMIG_NO_WAIT` not at all: see
+ * `rdmamig_listener_event_fd`), accepts it as the destination, and starts the connection's
  * service thread, which serves the source from then on (registrations,
  * zero ranges, iteration ends, buffering the stream) without the
  * hypervisor's help.
@@ -1190,7 +1213,9 @@ void rdmamig_listener_free(struct rdmamig_listener *listener);
  *
  * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
  * `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
- * (no source came); `RDMAMIG_ERR_AUTH` (sources came, none was admitted);
+ * (no source came); `RDMAMIG_ERR_WOULD_BLOCK` (`RDMAMIG_NO_WAIT` and no
+ * request was waiting; with one waiting, the setup with that source still
+ * takes its round trips, within the config's timeout); `RDMAMIG_ERR_AUTH` (sources came, none was admitted);
  * `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
  * `RDMAMIG_ERR_VERSION` (the source speaks another protocol version: it was
  * rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;

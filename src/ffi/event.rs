@@ -1,4 +1,5 @@
-//! Event-loop integration: `rdmamig_conn_event_fd` and the wait constants
+//! Event-loop integration: `rdmamig_conn_event_fd`,
+//! `rdmamig_listener_event_fd` and the wait constants
 //! (`RDMAMIG_WAIT_FOREVER`, `RDMAMIG_NO_WAIT`) of the calls that wait.
 
 use std::os::fd::AsRawFd;
@@ -6,16 +7,19 @@ use std::os::raw::c_int;
 use std::time::Duration;
 
 use super::conn::{rdmamig_conn, run};
-use super::last_error::out_ref;
+use super::last_error::{handle, out_ref, record};
+use super::listener::rdmamig_listener;
 use super::status::rdmamig_status;
 
-/// `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
-/// `rdmamig_conn_wait_end`: wait for ever (the meaning 0 always had).
+/// `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
+/// `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: wait for ever
+/// (the meaning 0 always had).
 pub const RDMAMIG_WAIT_FOREVER: u32 = 0;
 
-/// `timeout_ms` of `rdmamig_conn_get`, `rdmamig_conn_wait_iteration` and
-/// `rdmamig_conn_wait_end`: do not wait. The call returns what is ready, or
-/// `RDMAMIG_ERR_WOULD_BLOCK` at once; for an event loop, with
+/// `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
+/// `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: do not wait.
+/// The call returns what is ready, or `RDMAMIG_ERR_WOULD_BLOCK` at once; for
+/// an event loop, with `rdmamig_listener_event_fd` and
 /// `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
 /// a real wait of 49.7 days is not one anybody asks for.)
 pub const RDMAMIG_NO_WAIT: u32 = u32::MAX;
@@ -77,6 +81,34 @@ pub extern "C" fn rdmamig_conn_event_fd(conn: *const rdmamig_conn, fd_out: *mut 
         run(conn, F, |c| {
             let fd_out = out_ref(fd_out, F, "fd_out")?;
             *fd_out = c.event_fd(F)?.as_raw_fd();
+            Ok(())
+        })
+    }
+}
+
+/// Stores in `*fd_out` a file descriptor for an event loop to poll
+/// (`POLLIN` / `EPOLLIN`) instead of blocking in `rdmamig_listener_accept`:
+/// readable while a source's connection request waits to be accepted
+/// (level-triggered). Then `rdmamig_listener_accept(listener, ram,
+/// RDMAMIG_NO_WAIT, &conn)` takes it; it returns `RDMAMIG_ERR_WOULD_BLOCK`
+/// when there was none after all (another thread took it, or the fd
+/// reported another event of the listening endpoint).
+///
+/// The fd belongs to the listener: do not read, write or close it. It is the
+/// same fd on every call and stays valid until `rdmamig_listener_free`.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`. `*fd_out` is written
+/// only on success.
+///
+/// Thread safety: may run concurrently with other `const` uses of
+/// `listener`; any thread may poll the fd.
+#[no_mangle]
+pub extern "C" fn rdmamig_listener_event_fd(listener: *const rdmamig_listener, fd_out: *mut c_int) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_listener_event_fd";
+        record(|| {
+            let listener = handle(listener, F, "listener")?;
+            *out_ref(fd_out, F, "fd_out")? = listener.event_fd().as_raw_fd();
             Ok(())
         })
     }

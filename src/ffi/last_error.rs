@@ -14,7 +14,6 @@
 
 use std::cell::RefCell;
 use std::os::raw::c_char;
-use std::time::Duration;
 
 use super::buffer::copy_to_c_buf;
 use super::handle::{opt_str_from_ptr, try_from_mut_ptr, try_from_ptr, try_slice, try_slice_mut, Castable};
@@ -133,11 +132,6 @@ pub(crate) fn bytes_mut<'a>(ptr: *mut u8, len: usize, func: &str, arg: &str) -> 
     try_slice_mut(ptr, len).ok_or_else(|| Failure::null(func, arg))
 }
 
-/// The C convention for waits: 0 means for ever.
-pub(crate) fn timeout_of(ms: u32) -> Option<Duration> {
-    (ms != 0).then(|| Duration::from_millis(u64::from(ms)))
-}
-
 /// Copies the message of the last call made on this thread that failed into
 /// `buf` (of `len` bytes), `snprintf`-style: always NUL-terminated (when
 /// `len > 0`), truncated if needed, and returns the full length of the
@@ -189,11 +183,5 @@ mod tests {
         assert_eq!(record_or(7u32, || Ok(3)), 3);
         assert_eq!(record_or(0u32, || Err(Failure::invalid("rdmamig_y: bad"))), 0);
         assert_eq!(last(), "rdmamig_y: bad");
-    }
-
-    #[test]
-    fn timeouts() {
-        assert_eq!(timeout_of(0), None);
-        assert_eq!(timeout_of(1500), Some(Duration::from_millis(1500)));
     }
 }

@@ -4,8 +4,9 @@ use std::os::raw::c_char;
 
 use super::config::rdmamig_config;
 use super::conn::rdmamig_conn;
+use super::event::wait_of;
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{handle, out_ref, record, record_or, string, timeout_of};
+use super::last_error::{handle, out_ref, record, record_or, string};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
 use crate::engine::{Connection, Destination, Listener};
@@ -88,8 +89,9 @@ pub extern "C" fn rdmamig_listener_free(listener: *mut rdmamig_listener) {
     }
 }
 
-/// Waits for a source to connect (at most `timeout_ms` milliseconds; 0 waits
-/// for ever), accepts it as the destination, and starts the connection's
+/// Waits for a source to connect (at most `timeout_ms` milliseconds;
+/// `RDMAMIG_WAIT_FOREVER` (0) for ever; `RDMAMIG_NO_WAIT` not at all: see
+/// `rdmamig_listener_event_fd`), accepts it as the destination, and starts the connection's
 /// service thread, which serves the source from then on (registrations,
 /// zero ranges, iteration ends, buffering the stream) without the
 /// hypervisor's help.
@@ -110,7 +112,9 @@ pub extern "C" fn rdmamig_listener_free(listener: *mut rdmamig_listener) {
 ///
 /// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
-/// (no source came); `RDMAMIG_ERR_AUTH` (sources came, none was admitted);
+/// (no source came); `RDMAMIG_ERR_WOULD_BLOCK` (`RDMAMIG_NO_WAIT` and no
+/// request was waiting; with one waiting, the setup with that source still
+/// takes its round trips, within the config's timeout); `RDMAMIG_ERR_AUTH` (sources came, none was admitted);
 /// `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
 /// `RDMAMIG_ERR_VERSION` (the source speaks another protocol version: it was
 /// rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
@@ -131,7 +135,7 @@ pub extern "C" fn rdmamig_listener_accept(
             let listener = handle(listener, F, "listener")?;
             let ram = handle(ram, F, "ram")?;
             let out = out_ref(out, F, "out")?;
-            let destination = Destination::accept(listener, ram, timeout_of(timeout_ms))?;
+            let destination = Destination::accept(listener, ram, wait_of(timeout_ms))?;
             *out = to_boxed_mut_ptr::<rdmamig_conn>(Connection::destination(destination));
             Ok(())
         })

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdmamig::{set_log_hook, Config, Ending, ErrorKind, LogLevel, Read};
+use rdmamig::{set_log_hook, Config, Destination, Ending, ErrorKind, LogLevel, Read, Source};
 
 use crate::migration::{connect, one_block, GuestRam, Rng, PAGE};
 
@@ -181,4 +181,29 @@ fn log_hook_sees_connect_accept_windows_and_the_end() {
     let all = records.lock().unwrap();
     assert!(!all.iter().any(|(l, _, _)| *l <= LogLevel::Warn), "a warning or error in a clean migration: {all:#?}");
     assert!(all.len() <= 12, "records are sparse, never per page: {all:#?}");
+}
+
+#[test]
+fn listener_event_fd_says_when_accepting_will_not_wait() {
+    let src_ram = GuestRam::new(4 * MIB, 0x11);
+    let dst_ram = GuestRam::new(4 * MIB, 0xAA);
+    let config = Config::default();
+    let (listener, port) = crate::migration::listen(&config);
+    let fd = listener.event_fd();
+    assert!(!readable(fd, 0), "readable before any source connected");
+    let err = Destination::accept(&listener, &one_block(&dst_ram, 4 * MIB), ZERO).map(drop).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::WouldBlock, "{err}");
+    let src_blocks = one_block(&src_ram, 4 * MIB);
+    let source = std::thread::spawn(move || Source::connect(&crate::migration::rdma_ip(), port, &config, &src_blocks));
+    assert!(readable(fd, SOON), "a connection request did not make the listener's fd readable");
+    let dest =
+        Destination::accept(&listener, &one_block(&dst_ram, 4 * MIB), ZERO).expect("accept with a request waiting");
+    let mut source = source.join().unwrap().expect("connect");
+    assert!(!readable(listener.event_fd(), 0), "still readable after the request was taken");
+    source.iteration_begin().unwrap();
+    source.save(0, 0, 4 * MIB).unwrap();
+    source.iteration_end().unwrap();
+    assert_eq!(source.close().unwrap(), Ending::Completed);
+    assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), Ending::Completed);
+    assert!(src_ram.bytes() == dst_ram.bytes());
 }

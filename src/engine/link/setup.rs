@@ -3,6 +3,7 @@
 //! private data, the QP's transport timeout, and the destination's listener.
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -494,8 +495,18 @@ impl Listener {
         self.cancelled.store(true, Ordering::Relaxed);
     }
 
+    /// A file descriptor that is readable while a connection request (or
+    /// another event of the listening endpoint) waits to be taken: an event
+    /// loop polls it, then accepts with `Duration::ZERO`. It belongs to the
+    /// listener (its rdma_cm event channel): do not read or close it.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel lives as long as the listener that lends it.
+        unsafe { BorrowedFd::borrow_raw(self.channel.fd()) }
+    }
+
     /// The next connection event, waiting at most `timeout` (`None`: for
-    /// ever) in slices so that `cancel` is noticed.
+    /// ever) in slices so that `cancel` is noticed; `Duration::ZERO` does not
+    /// wait (`WouldBlock` when no event is there).
     fn next_event(&self, timeout: Option<Duration>) -> Result<verbs::CmEvent> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -506,6 +517,12 @@ impl Listener {
                 .map_or(EVENT_POLL_INTERVAL, |d| d.saturating_duration_since(Instant::now()).min(EVENT_POLL_INTERVAL));
             if let Some(event) = self.channel.get_event(Some(slice))? {
                 return Ok(event);
+            }
+            if timeout == Some(Duration::ZERO) {
+                return Err(Error::new(
+                    ErrorKind::WouldBlock,
+                    "accepting would block: no connection request is waiting",
+                ));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::new(ErrorKind::Timeout, "no connection request arrived"));
