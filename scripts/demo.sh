@@ -7,12 +7,13 @@
 #
 #   bash scripts/demo.sh [DEMO_ARGS...]     (default: --mib 256)
 #
-# Needs Rust (1.82 or newer) on PATH or in ~/.cargo/bin, and root or sudo
-# (apt-get, QEMU). Runs without make installed: this installs it.
+# Needs root or sudo (apt-get, QEMU); installs what is missing, Rust
+# included (scripts/prerequisites.sh). Runs without make installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-[[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
+# ~/.cargo/bin even if missing yet: the prerequisites may install rustup there.
+export PATH="$HOME/.cargo/bin:$PATH"
 
 bash scripts/prerequisites.sh build guest
 target=${CARGO_TARGET_DIR:-target}

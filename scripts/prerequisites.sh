@@ -20,8 +20,8 @@
 #
 # Rust itself (cargo, rustc 1.82 or newer) is taken from PATH or ~/.cargo/bin.
 # If there is none, the distribution's cargo is installed when it is new
-# enough (Debian 13, Ubuntu 25.04); otherwise this stops and says to install
-# rustup (Debian 12's rustc is 1.63).
+# enough (Debian 13, Ubuntu 25.04), otherwise rustup's stable toolchain into
+# ~/.cargo (Debian 12's rustc is 1.63). An older Rust stops this with a message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -103,10 +103,15 @@ rust() {
         apt_install cargo rustc
         return 0
     fi
-    echo "prerequisites: Rust is missing: no cargo on PATH or in ~/.cargo/bin, and the distribution's" \
-         "rustc (${cand:-none}) is older than 1.$RUST_MIN_MINOR. Install rustup (package 'rustup' on" \
-         "Debian 13/Ubuntu 24.04, or https://rustup.rs), then: rustup default stable" >&2
-    (( dry )) || return 1
+    # Otherwise rustup's stable toolchain (with clippy and rustfmt), in ~/.cargo as rustup puts it.
+    say "no Rust found and the distribution's rustc (${cand:-none}) is older than 1.$RUST_MIN_MINOR:" \
+        "installing rustup's stable toolchain into ~/.cargo (https://sh.rustup.rs)"
+    (( dry )) && return 0
+    apt_install curl ca-certificates
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+        sh -s -- -y --no-modify-path --profile default --default-toolchain stable
+    export PATH="$HOME/.cargo/bin:$PATH"
+    say "$(cargo --version), $(rustc --version)"
 }
 
 # cargo_tool NAME VERSION ANY CHECK_COMMAND...: cargo install NAME@VERSION unless CHECK
