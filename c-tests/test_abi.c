@@ -13,19 +13,6 @@
 
 #include "check.h"
 
-#define CHECK_STATUS(expr, want)                                             \
-    do {                                                                     \
-        rdmamig_status got_ = (expr);                                        \
-        if (got_ == (rdmamig_status)(want)) {                                \
-            passed++;                                                        \
-        } else {                                                             \
-            failed++;                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s gave %u (%s), want %s\n",        \
-                    __FILE__, __LINE__, #expr, (unsigned)got_,               \
-                    rdmamig_status_str(got_), #want);                        \
-        }                                                                    \
-    } while (0)
-
 #define STR_(x) #x
 #define STR(x) STR_(x)
 

@@ -14,19 +14,6 @@
 
 #include "check.h"
 
-#define CHECK_STATUS(expr, want)                                             \
-    do {                                                                     \
-        rdmamig_status got_ = (expr);                                        \
-        if (got_ == (rdmamig_status)(want)) {                                \
-            passed++;                                                        \
-        } else {                                                             \
-            failed++;                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s gave %u (%s), want %s\n",        \
-                    __FILE__, __LINE__, #expr, (unsigned)got_,               \
-                    rdmamig_status_str(got_), #want);                        \
-        }                                                                    \
-    } while (0)
-
 static void test_constants(void) {
     CHECK(RDMAMIG_WAIT_FOREVER == 0);
     CHECK(RDMAMIG_NO_WAIT == UINT32_MAX);
