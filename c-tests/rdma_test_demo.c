@@ -34,6 +34,7 @@
  */
 #define _GNU_SOURCE
 #include "rdmamig.h"
+#include "rdma_util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -64,40 +65,12 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* xorshift64*: a fast deterministic pattern. */
-static uint64_t rng_next(uint64_t *s) {
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * UINT64_C(0x2545F4914F6CDD1D);
-}
-
-static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= UINT64_C(0x100000001b3);
-    }
-    return h;
-}
-#define FNV_OFFSET UINT64_C(0xcbf29ce484222325)
-
 static void blob_fill(uint8_t *blob, size_t n) {
     uint64_t s = UINT64_C(0xB10B5EED);
     for (size_t i = 0; i < n; i += 8) {
         uint64_t v = rng_next(&s);
         memcpy(blob + i, &v, n - i < 8 ? n - i : 8);
     }
-}
-
-static const char *rdma_ip(void) {
-    const char *ip = getenv("RXE_VM_IP");
-    return ip && *ip ? ip : "198.18.0.1";
 }
 
 /* ------------------------------------------------------------ guest RAM */
@@ -209,35 +182,7 @@ static rdmamig_ram *guest_registry(struct guest *g, uint64_t base) {
 
 /* ------------------------------------------------------------- reporting */
 
-static const char *who = "demo";
 static int verbose;
-
-/* Prints "<who>: FAIL <what>: <status>: <message>" (message from conn, or the thread's last error). */
-static void report(const char *what, rdmamig_status st, const rdmamig_conn *conn) {
-    char msg[512];
-    if (conn)
-        rdmamig_conn_error_message(conn, msg, sizeof msg);
-    else
-        rdmamig_last_error_message(msg, sizeof msg);
-    fprintf(stderr, "%s: FAIL %s: %s: %s\n", who, what, rdmamig_status_str(st), msg);
-}
-
-#define TRY(conn, call)                                    \
-    do {                                                   \
-        rdmamig_status st_ = (call);                       \
-        if (st_ != RDMAMIG_OK) {                           \
-            report(#call, st_, (conn));                    \
-            goto fail;                                     \
-        }                                                  \
-    } while (0)
-
-#define EXPECT(cond)                                                          \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "%s: FAIL %s:%d: %s\n", who, __FILE__, __LINE__, #cond); \
-            goto fail;                                                        \
-        }                                                                     \
-    } while (0)
 
 /* The status of a call that must fail with `want` and say something containing `text`. */
 static int expect_error(rdmamig_status got, rdmamig_status want, const rdmamig_conn *conn, const char *text,
@@ -763,6 +708,7 @@ static void usage(const char *argv0) {
 }
 
 int main(int argc, char **argv) {
+    who = "demo";
     setvbuf(stdout, NULL, _IOLBF, 0);
     unsigned mib = 128;
     int pin_all = 0, explicit_mode = 0;

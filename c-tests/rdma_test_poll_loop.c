@@ -36,6 +36,7 @@
  */
 #define _GNU_SOURCE
 #include "rdmamig.h"
+#include "rdma_util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -60,35 +61,6 @@
 #define QUIET_MS 60000
 #define WATCHDOG_S 300
 
-static const char *who = "poll-loop";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t rng_next(uint64_t *s) {
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * UINT64_C(0x2545F4914F6CDD1D);
-}
-
-static uint64_t fnv1a(const uint8_t *p, size_t n) {
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= UINT64_C(0x100000001b3);
-    }
-    return h;
-}
-
-static const char *rdma_ip(void) {
-    const char *ip = getenv("RXE_VM_IP");
-    return ip && *ip ? ip : "198.18.0.1";
-}
-
 /* The payload piece sent after round r: odd sizes, byte i of the whole payload is payload_byte(i). */
 static size_t piece_len(int r) {
     return 40000 + 4093 * (size_t)r;
@@ -103,32 +75,6 @@ static size_t payload_len(void) {
 static uint8_t payload_byte(size_t i) {
     return (uint8_t)(i * 131 + (i >> 9) + 7);
 }
-
-static void report(const char *what, rdmamig_status st, const rdmamig_conn *conn) {
-    char msg[512];
-    if (conn)
-        rdmamig_conn_error_message(conn, msg, sizeof msg);
-    else
-        rdmamig_last_error_message(msg, sizeof msg);
-    fprintf(stderr, "%s: FAIL %s: %s: %s\n", who, what, rdmamig_status_str(st), msg);
-}
-
-#define TRY(conn, call)                         \
-    do {                                        \
-        rdmamig_status st_ = (call);            \
-        if (st_ != RDMAMIG_OK) {                \
-            report(#call, st_, (conn));         \
-            goto fail;                          \
-        }                                       \
-    } while (0)
-
-#define EXPECT(cond)                                                                     \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s: FAIL %s:%d: %s\n", who, __FILE__, __LINE__, #cond);     \
-            goto fail;                                                                   \
-        }                                                                                \
-    } while (0)
 
 static uint8_t *map_ram(uint64_t len, int fill) {
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -313,7 +259,7 @@ static int destination(unsigned mib, int port_fd) {
     }
     memcpy(&source_hash, stream + sizeof header + plen, sizeof source_hash);
     EXPECT(done == ROUNDS);
-    uint64_t hash = fnv1a(host, len);
+    uint64_t hash = fnv1a(FNV_OFFSET, host, len);
     if (hash != source_hash) {
         fprintf(stderr, "dest: FAIL RAM hash %016" PRIx64 " != source's %016" PRIx64 "\n", hash, source_hash);
         goto fail;
@@ -411,7 +357,7 @@ static int source(unsigned mib, uint16_t port) {
         sent += piece_len(r);
     }
     EXPECT(sent == plen);
-    uint64_t hash = fnv1a(host, len);
+    uint64_t hash = fnv1a(FNV_OFFSET, host, len);
     TRY(conn, rdmamig_conn_put(conn, &hash, sizeof hash));
     EXPECT(!fd_readable(fd));
     TRY(conn, rdmamig_conn_close(conn)); /* RDMAMIG_OK: the destination acknowledged the end */
@@ -429,6 +375,7 @@ fail:
 }
 
 int main(int argc, char **argv) {
+    who = "poll-loop";
     unsigned mib = 64;
     double bound_ms = 200;
     for (int i = 1; i < argc; i++) {
