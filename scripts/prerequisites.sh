@@ -18,7 +18,7 @@
 # apt-get runs as root, or through sudo. --dry-run installs nothing: it names
 # the missing packages and shows what apt-get would install (apt-get -s).
 #
-# Rust itself (cargo, rustc 1.82 or newer) is taken from PATH or ~/.cargo/bin.
+# Rust itself (cargo, rustc 1.85 or newer) is taken from PATH or ~/.cargo/bin.
 # If there is none, the distribution's cargo is installed when it is new
 # enough (Debian 13, Ubuntu 25.04), otherwise rustup's stable toolchain into
 # ~/.cargo (Debian 12's rustc is 1.63). An older Rust stops this with a message.
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 
 CBINDGEN_VERSION=0.29.4
 CARGO_FUZZ_VERSION=0.13.2
-RUST_MIN_MINOR=82   # Cargo.toml's rust-version 1.82
+RUST_MIN_MINOR=85   # Cargo.toml's rust-version 1.85 (the CLI's clap and indicatif need it)
 
 APT_BUILD=(libibverbs-dev librdmacm-dev pkg-config gcc libc6-dev make binutils)
 APT_TEST=(meson ninja-build g++ valgrind ibverbs-utils doxygen)
