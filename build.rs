@@ -83,7 +83,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/verbs/shim.c");
 
     // The AVX-512 zero scan needs the AVX-512 intrinsics, stable since Rust 1.89
-    // (the crate builds with 1.82 without it).
+    // (the crate builds with older compilers without it).
     println!("cargo:rustc-check-cfg=cfg(rdmamig_avx512)");
     if rustc_minor().is_some_and(|m| m >= 89) {
         println!("cargo:rustc-cfg=rdmamig_avx512");

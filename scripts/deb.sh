@@ -96,7 +96,7 @@ if (( check )); then
         [[ -e "$f" ]] || { echo "deb: FAIL: $f is not installed" >&2; fail=1; }
     done
     # The ldconfig trigger ran: the loader finds the SONAME without help.
-    ldconfig -p | grep -F "librdmamig.so.${version%%.*} " ||
+    /sbin/ldconfig -p | grep -F "librdmamig.so.${version%%.*} " ||
         { echo "deb: FAIL: librdmamig.so.${version%%.*} is not in the ld.so cache" >&2; fail=1; }
     (( fail )) && exit 1
     echo "rdmamig --version: $(rdmamig --version)"

@@ -280,7 +280,7 @@ fn run_round(
 
 fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), String> {
     let (host, port) = split_addr(addr)?;
-    if !args.size.is_multiple_of(PAGE) {
+    if args.size % PAGE != 0 {
         return Err(format!("--size must be a multiple of {PAGE} bytes"));
     }
     let ram = Ram::new(args.size)?;

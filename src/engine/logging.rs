@@ -75,7 +75,10 @@ pub fn set_log_hook(hook: Option<LogHook>, max_level: Level) -> Result<()> {
     // The write lock waits for every record being delivered to the old hook.
     let mut slot = HOOK.write();
     MAX_LEVEL.store(if hook.is_some() { max_level as u8 } else { 0 }, Ordering::Relaxed);
-    *slot = hook;
+    let old = std::mem::replace(&mut *slot, hook);
+    // Dropped after the lock: what the old hook owns may log as it goes.
+    drop(slot);
+    drop(old);
     Ok(())
 }
 
@@ -152,6 +155,29 @@ mod tests {
         error(format_args!("after"));
         assert_eq!(seen.lock().unwrap().len(), 2, "no record after the hook is removed");
         assert!(!enabled(Level::Error));
+    }
+
+    #[test]
+    fn what_a_replaced_hook_owns_may_log_as_it_is_dropped() {
+        let _serial = TEST_LOCK.lock();
+        struct LogsOnDrop;
+        impl Drop for LogsOnDrop {
+            fn drop(&mut self) {
+                warn(format_args!("dropped"));
+            }
+        }
+        let owned = LogsOnDrop;
+        set_log_hook(
+            Some(Box::new(move |_, _| {
+                let _ = &owned;
+            })),
+            Level::Debug,
+        )
+        .unwrap();
+        // Under the hook's lock this drop would wait for that same lock for ever.
+        let seen = collect(Level::Debug);
+        set_log_hook(None, Level::Debug).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [(Level::Warn, "dropped".to_string())]);
     }
 
     #[test]

@@ -78,12 +78,15 @@ pub(crate) fn run_mut<S: Into<rdmamig_status>>(
 }
 
 /// The status of `r`, a call on `conn`; a failure's message is kept in the
-/// connection and as the thread's last error.
+/// connection and as the thread's last error (`RDMAMIG_ERR_WOULD_BLOCK` is
+/// none: the last failure's message stays).
 pub(crate) fn keep<S: Into<rdmamig_status>>(conn: &Connection, r: Result<S, Failure>) -> rdmamig_status {
     match r {
         Ok(s) => s.into(),
         Err(f) => {
-            conn.set_last_error(&f.message);
+            if f.is_failure() {
+                conn.set_last_error(&f.message);
+            }
             f.record()
         }
     }

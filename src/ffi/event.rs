@@ -91,8 +91,10 @@ pub extern "C" fn rdmamig_conn_event_fd(conn: *const rdmamig_conn, fd_out: *mut 
 /// readable while a source's connection request waits to be accepted
 /// (level-triggered). Then `rdmamig_listener_accept(listener, ram,
 /// RDMAMIG_NO_WAIT, &conn)` takes it; it returns `RDMAMIG_ERR_WOULD_BLOCK`
-/// when there was none after all (another thread took it, or the fd
-/// reported another event of the listening endpoint).
+/// when there was none after all (another thread took it), or when the
+/// request it took was refused (allow-list, authentication: the refusal is
+/// logged, see `rdmamig_set_log_callback`). Another event of the listening
+/// endpoint (a device removal) fails the accept with `RDMAMIG_ERR_CONNECT`.
 ///
 /// The fd belongs to the listener: do not read, write or close it. It is the
 /// same fd on every call and stays valid until `rdmamig_listener_free`.

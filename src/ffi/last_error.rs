@@ -55,9 +55,17 @@ impl Failure {
     }
 
     /// Keeps the message as this thread's last error; returns the status.
+    /// Keeps the message as this thread's last error, unless the status is
+    /// no failure (`RDMAMIG_ERR_WOULD_BLOCK`: the last failure stays).
     pub fn record(self) -> rdmamig_status {
-        set_last_error(&self.message);
+        if self.is_failure() {
+            set_last_error(&self.message);
+        }
         self.status
+    }
+
+    pub fn is_failure(&self) -> bool {
+        self.status != rdmamig_status::RDMAMIG_ERR_WOULD_BLOCK
     }
 }
 

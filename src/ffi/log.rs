@@ -4,6 +4,7 @@
 use std::ffi::CString;
 use std::os::raw::{c_char, c_void};
 
+use super::last_error::{record, Failure};
 use super::status::rdmamig_status;
 use crate::engine::logging::{set_log_hook, Level};
 
@@ -107,18 +108,21 @@ pub extern "C" fn rdmamig_set_log_callback(
     max_level: u32,
 ) -> rdmamig_status {
     ffi_boundary! {
-        let Some(callback) = callback else {
-            return set_log_hook(None, Level::Error).into();
-        };
-        let max = match max_level {
-            l if l == rdmamig_log_level::RDMAMIG_LOG_ERROR as u32 => Level::Error,
-            l if l == rdmamig_log_level::RDMAMIG_LOG_WARN as u32 => Level::Warn,
-            l if l == rdmamig_log_level::RDMAMIG_LOG_INFO as u32 => Level::Info,
-            l if l == rdmamig_log_level::RDMAMIG_LOG_DEBUG as u32 => Level::Debug,
-            _ => return rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT,
-        };
-        let c = CCallback { callback, user_data };
-        set_log_hook(Some(Box::new(move |level, message| c.call(level, message))), max).into()
+        const F: &str = "rdmamig_set_log_callback";
+        record(|| {
+            let Some(callback) = callback else {
+                return Ok(set_log_hook(None, Level::Error)?);
+            };
+            let max = match max_level {
+                l if l == rdmamig_log_level::RDMAMIG_LOG_ERROR as u32 => Level::Error,
+                l if l == rdmamig_log_level::RDMAMIG_LOG_WARN as u32 => Level::Warn,
+                l if l == rdmamig_log_level::RDMAMIG_LOG_INFO as u32 => Level::Info,
+                l if l == rdmamig_log_level::RDMAMIG_LOG_DEBUG as u32 => Level::Debug,
+                other => return Err(Failure::invalid(format!("{F}: unknown max_level {other}"))),
+            };
+            let c = CCallback { callback, user_data };
+            Ok(set_log_hook(Some(Box::new(move |level, message| c.call(level, message))), max)?)
+        })
     }
 }
 

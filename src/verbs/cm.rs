@@ -497,8 +497,6 @@ impl CmId {
         self.raw.as_ptr()
     }
 
-    /// The verbs context of the device this id is bound to (NULL before
-    /// address resolution / binding to a device address).
     /// The name of the RDMA device this id is bound to (after a bind to a
     /// device's address or an address resolution), if any.
     pub fn device_name(&self) -> Option<String> {
@@ -507,6 +505,8 @@ impl CmId {
         Some(unsafe { super::device::context_device_name(ctx) })
     }
 
+    /// The verbs context of the device this id is bound to (an error before
+    /// address resolution / binding to a device address).
     pub(crate) fn verbs(&self, op: &'static str) -> Result<*mut sys::ibv_context> {
         // SAFETY: valid id; `verbs` is set by librdmacm when the id gets a device.
         let v = unsafe { (*self.raw()).verbs };

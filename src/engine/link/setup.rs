@@ -253,9 +253,14 @@ impl Link {
         timeout: Option<Duration>,
     ) -> std::result::Result<Link, (Error, Refusals)> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        // Only a caller's zero means "do not wait"; a deadline that ran out is a timeout.
+        let no_wait = timeout == Some(Duration::ZERO);
         let mut refused: Refusals = None;
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) && !no_wait {
+                return Err((Error::new(ErrorKind::Timeout, "no connection request arrived"), refused));
+            }
             let event = listener.next_event(left).map_err(|e| (e, refused.clone()))?;
             match Link::admit(listener, event, admit, ram_bytes, counters.clone()) {
                 Err(e) if e.kind == ErrorKind::Auth => {

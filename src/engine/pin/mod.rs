@@ -10,7 +10,7 @@ mod pin_all;
 mod sharing;
 mod unregister;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -37,16 +37,17 @@ pub(crate) const CONTROL_PINNED: u64 = 3 * (CONTROL_BUFFER_SIZE as u64 + 2 * 409
 /// `ibv_fork_init()` where the kernel does not copy pinned pages at fork.
 pub fn fork_mode() -> ForkMode {
     static MODE: OnceLock<ForkMode> = OnceLock::new();
-    *MODE.get_or_init(|| {
-        let mode = verbs::fork_init();
-        if mode == ForkMode::Disabled {
-            logging::warn(format_args!(
-                "fork safety is off: the kernel does not copy pinned pages at fork and ibv_fork_init came too late \
-                 (set RDMAV_FORK_SAFE=1 before the first verbs use)"
-            ));
-        }
-        mode
-    })
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let mode = *MODE.get_or_init(verbs::fork_init);
+    // Logged outside the initialisation: a log hook may call back into the
+    // library (and so here) without finding the OnceLock still being set.
+    if mode == ForkMode::Disabled && !WARNED.swap(true, Ordering::Relaxed) {
+        logging::warn(format_args!(
+            "fork safety is off: the kernel does not copy pinned pages at fork and ibv_fork_init came too late \
+             (set RDMAV_FORK_SAFE=1 before the first verbs use)"
+        ));
+    }
+    mode
 }
 
 /// The budget a connection side keeps: the configured one (`u64::MAX`:
