@@ -33,6 +33,7 @@ pub use engine::{
     set_log_hook, AuthKey, Config, Destination, Ending, Event, Hint, Listener, LogHook, LogLevel, Negotiated, Observer,
     RamBlock, RamBlocks, Read, SaveRange, Source, SourcePrefix, Stats, Unregistration,
 };
+pub use engine::{PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
 pub use error::{Error, ErrorKind, Result};
 
 /// What the fuzz targets (`fuzz/`) drive directly, without a connection.
@@ -41,6 +42,7 @@ pub use error::{Error, ErrorKind, Result};
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
+    pub use crate::engine::postcopy::destination::PlanBlock;
 }
 
 /// What the save-path benchmark (`examples/save_path.rs`) drives directly,

@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let db = all::<DestBlock>(&m);
     let _ = all::<Compress>(&m);
     let bs = all::<BlockSpec>(&m);
+    let _ = all::<PostcopySummary>(&m);
     let repeat = m.repeat as usize;
     match m.kind {
         CommandType::Error
@@ -43,6 +44,21 @@ fuzz_target!(|data: &[u8]| {
         }
         CommandType::RamBlocksResult => assert_eq!(db * DestBlock::SIZE, m.payload.len()),
         CommandType::RamBlocksRequest if !m.payload.is_empty() => assert_eq!(bs, repeat),
+        CommandType::Postcopy => {
+            // Accepted: the blocks and bitmaps add up exactly, each bitmap holds its count.
+            let blocks = postcopy_blocks(m.payload, m.repeat).expect("decode_message checked the layout");
+            assert_eq!(blocks.len(), if m.payload.is_empty() { 0 } else { repeat });
+            let bytes: u64 = blocks
+                .iter()
+                .map(|(b, w)| {
+                    assert_eq!(w.len() as u64, postcopy_bitmap_words(b.length));
+                    assert_eq!(w.iter().map(|x| x.count_ones() as u64).sum::<u64>(), b.stale_pages);
+                    PostcopyBlock::SIZE as u64 + 8 * w.len() as u64
+                })
+                .sum();
+            assert_eq!(bytes, m.payload.len() as u64);
+        }
+        CommandType::PostcopyDone => assert_eq!(m.payload.len(), PostcopySummary::SIZE),
         _ => {}
     }
     // Re-encoding accepted entries reproduces them.

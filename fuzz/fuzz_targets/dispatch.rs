@@ -240,6 +240,14 @@ fuzz_target!(|data: &[u8]| {
                 }
                 dispatcher.blocks_result()
             }
+            // Post-copy needs the connection (RDMA READs); the plan must lie in the RAM.
+            Ok(Step::Postcopy(plan)) => {
+                for b in &plan {
+                    let (host, len) = b.span();
+                    assert!(arena.ram.blocks().iter().any(|r| r.host == host && r.length == len));
+                }
+                continue;
+            }
             Ok(Step::Last(reply, _)) => {
                 encode(&reply);
                 break;

@@ -157,6 +157,13 @@ impl CompletionQueue {
     /// `ibv_ack_cq_events`). `Ok(false)` on timeout. Poll again after it
     /// returns (see the type's docs).
     pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        self.wait_or(timeout, None)
+    }
+
+    /// As [`wait`](Self::wait), but also returns (`Ok(true)`) as soon as
+    /// `other` is readable: one thread waits for completions and, say, a
+    /// userfaultfd at once.
+    pub fn wait_or(&self, timeout: Duration, other: Option<libc::c_int>) -> Result<bool> {
         if self.stashed.load(Ordering::Acquire) > 0 {
             return Ok(true);
         }
@@ -174,7 +181,13 @@ impl CompletionQueue {
             return Ok(true);
         }
         let deadline = Instant::now().checked_add(timeout);
-        if !super::poll_readable(self.channel.fd(), deadline)? {
+        if let Some(other) = other {
+            match super::poll_readable_either(self.channel.fd(), other, deadline)? {
+                (false, false) => return Ok(false),
+                (false, true) => return Ok(true),
+                _ => {}
+            }
+        } else if !super::poll_readable(self.channel.fd(), deadline)? {
             return Ok(false);
         }
         let mut cq = ptr::null_mut();

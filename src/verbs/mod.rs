@@ -216,6 +216,41 @@ pub(crate) fn set_nonblocking(fd: libc::c_int, op: &'static str) -> Result<()> {
 /// poll(2) one fd for POLLIN until `deadline` (None = forever). Ok(true) when
 /// readable (or in error/hangup state: the following read will say why),
 /// Ok(false) when the deadline passed. EINTR is retried.
+/// Waits until `a` or `b` is readable (or `deadline` passes): which of them are.
+pub(crate) fn poll_readable_either(
+    a: libc::c_int,
+    b: libc::c_int,
+    deadline: Option<std::time::Instant>,
+) -> Result<(bool, bool)> {
+    loop {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let rem = d.saturating_duration_since(std::time::Instant::now());
+                let ms = rem.as_millis() + u128::from(rem.subsec_nanos() % 1_000_000 != 0);
+                ms.min(i32::MAX as u128) as i32
+            }
+        };
+        let mut pfd = [
+            libc::pollfd { fd: a, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: b, events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfds.
+        let rc = unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) };
+        if rc >= 0 {
+            let ready = (pfd[0].revents != 0, pfd[1].revents != 0);
+            if rc > 0 || timeout_ms == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(ready);
+            }
+            continue;
+        }
+        let e = last_errno();
+        if e != libc::EINTR {
+            return Err(VerbsError::new("poll", e));
+        }
+    }
+}
+
 pub(crate) fn poll_readable(fd: libc::c_int, deadline: Option<std::time::Instant>) -> Result<bool> {
     loop {
         let timeout_ms = match deadline {

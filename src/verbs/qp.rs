@@ -124,6 +124,19 @@ impl QueuePair {
         self.post_wr(wr_id, sys::IBV_WR_RDMA_WRITE, Some(sge), Some((remote_addr, rkey)), signaled)
     }
 
+    /// Posts an RDMA READ of `sge.len` bytes at `remote_addr` in the peer's
+    /// MR `rkey` (registered with remote read) into `sge`. The QP needs
+    /// initiator depth (rdma_cm's `initiator_depth` here, the peer's
+    /// `responder_resources`): at most that many READs are in flight, the
+    /// provider queues the rest.
+    ///
+    /// # Safety
+    /// The local buffer lies in a registered MR with LOCAL_WRITE and is
+    /// neither read nor written until the work request completes.
+    pub unsafe fn post_read(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
+        self.post_wr(wr_id, sys::IBV_WR_RDMA_READ, Some(sge), Some((remote_addr, rkey)), signaled)
+    }
+
     /// Posts a zero-length RDMA WRITE: it touches no memory on either side
     /// (a zero-length operation carries no key that the responder checks,
     /// IBA C9-88) and completes on the responder without a work completion,

@@ -299,3 +299,69 @@ impl Entry for AuthProof {
         Ok(AuthProof { tag })
     }
 }
+
+/// rdmamig extension: one block of a POSTCOPY message (32 bytes): where the
+/// destination reads the block on the source (`remote_addr`, read key `rkey`),
+/// its length, and how many of its pages are stale (the set bits of its
+/// bitmap, which follows the entries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PostcopyBlock {
+    /// The block's index in the source's order (RAM_BLOCKS_REQUEST).
+    pub block_index: u32,
+    pub rkey: u32,
+    pub remote_addr: u64,
+    pub length: u64,
+    pub stale_pages: u64,
+}
+
+impl Entry for PostcopyBlock {
+    const SIZE: usize = 32;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put32(out, 0, self.block_index);
+        put32(out, 4, self.rkey);
+        put64(out, 8, self.remote_addr);
+        put64(out, 16, self.length);
+        put64(out, 24, self.stale_pages);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("PostcopyBlock entry", Self::SIZE, b)?;
+        Ok(PostcopyBlock {
+            block_index: be32(b, 0),
+            rkey: be32(b, 4),
+            remote_addr: be64(b, 8),
+            length: be64(b, 16),
+            stale_pages: be64(b, 24),
+        })
+    }
+}
+
+/// rdmamig extension: the payload of POSTCOPY_DONE (24 bytes), what the
+/// destination's post-copy did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PostcopySummary {
+    /// Stale pages installed (by faults or by the background pull).
+    pub pages: u64,
+    /// Faults served with a read of their own.
+    pub faults: u64,
+    /// Bytes read from the source.
+    pub bytes: u64,
+}
+
+impl Entry for PostcopySummary {
+    const SIZE: usize = 24;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put64(out, 0, self.pages);
+        put64(out, 8, self.faults);
+        put64(out, 16, self.bytes);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("PostcopySummary entry", Self::SIZE, b)?;
+        Ok(PostcopySummary { pages: be64(b, 0), faults: be64(b, 8), bytes: be64(b, 16) })
+    }
+}

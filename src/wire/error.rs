@@ -40,6 +40,12 @@ pub enum DecodeError {
     UnterminatedBlockName,
     /// A block-spec entry whose name is not valid UTF-8; `valid_up_to` bytes of the name were valid.
     BlockNameNotUtf8 { valid_up_to: usize },
+    /// A POSTCOPY payload of `len` bytes whose entries call for `expected` bytes
+    /// (the entries plus each block's bitmap).
+    PostcopyLayout { len: u32, expected: u64 },
+    /// A POSTCOPY block whose bitmap does not hold its declared `stale_pages`
+    /// (`counted` set bits among its pages), or has bits set past its last page.
+    PostcopyBitmap { block_index: u32, declared: u64, counted: u64 },
 }
 
 impl fmt::Display for DecodeError {
@@ -85,6 +91,14 @@ impl fmt::Display for DecodeError {
             BlockNameNotUtf8 { valid_up_to } => {
                 write!(f, "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to} of the name)")
             }
+            PostcopyLayout { len, expected } => {
+                write!(f, "POSTCOPY payload length {len} differs from the {expected} bytes its block entries call for")
+            }
+            PostcopyBitmap { block_index, declared, counted } => write!(
+                f,
+                "POSTCOPY block {block_index} declares {declared} stale pages, its bitmap holds {counted} \
+                 (or bits past the block's end)"
+            ),
         }
     }
 }

@@ -179,6 +179,14 @@ pub enum CommandType {
     /// rdmamig extension (only when `CAP_RDMAMIG_AUTH` was granted): the
     /// source's first message, its proof of the key; one [`AuthProof`](super::AuthProof).
     Auth = 0x8000_0003,
+    /// rdmamig extension: the source's post-copy switch-over, a request
+    /// answered by POSTCOPY_DONE. `repeat` [`PostcopyBlock`](super::PostcopyBlock)
+    /// entries (each block's remote address and read key), then each block's
+    /// stale-page bitmap (see [`postcopy_blocks`](super::postcopy_blocks)).
+    Postcopy = 0x8000_0004,
+    /// rdmamig extension: the destination's response to POSTCOPY, sent once it
+    /// holds every stale page; one [`PostcopySummary`](super::PostcopySummary).
+    PostcopyDone = 0x8000_0005,
 }
 
 impl CommandType {
@@ -191,7 +199,7 @@ impl CommandType {
 impl TryFrom<u32> for CommandType {
     type Error = DecodeError;
 
-    /// Maps 0..=11 and the three extension values to the command; anything else
+    /// Maps 0..=11 and the five extension values to the command; anything else
     /// is [`DecodeError::UnknownType`].
     fn try_from(v: u32) -> Result<Self, DecodeError> {
         use CommandType::*;
@@ -211,6 +219,8 @@ impl TryFrom<u32> for CommandType {
             0x8000_0001 => End,
             0x8000_0002 => EndAck,
             0x8000_0003 => Auth,
+            0x8000_0004 => Postcopy,
+            0x8000_0005 => PostcopyDone,
             other => return Err(DecodeError::UnknownType(other)),
         })
     }

@@ -18,7 +18,9 @@
 //! NUL-padded name), and the completion handshake END ([`EndSummary`]) /
 //! END_ACK (types 0x80000001 and 0x80000002); with [`CAP_RDMAMIG_AUTH`] also
 //! the nonces and proofs of peer authentication ([`ConnectData`],
-//! [`AcceptData`], AUTH = 0x80000003 with one [`AuthProof`]).
+//! [`AcceptData`], AUTH = 0x80000003 with one [`AuthProof`]); post-copy:
+//! POSTCOPY = 0x80000004 ([`PostcopyBlock`] entries then stale bitmaps,
+//! [`postcopy_blocks`]) answered by POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]).
 
 mod entry;
 mod error;
@@ -28,12 +30,17 @@ mod message;
 #[cfg(test)]
 mod tests;
 
-pub use entry::{AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, RegisterRequest, RegisterResult};
+pub use entry::{
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, RegisterRequest,
+    RegisterResult,
+};
 pub use error::{DecodeError, EncodeError};
 pub use header::{
     decode_header, encode_header, AcceptData, AuthChallenge, Capabilities, CommandType, ConnectData, ControlHeader,
 };
-pub use message::{decode_message, Entries, Message, MessageWriter};
+pub use message::{
+    decode_message, postcopy_bitmap_words, postcopy_blocks, Entries, Message, MessageWriter, POSTCOPY_PAGE_SIZE,
+};
 
 /// Size of the control header.
 pub const CONTROL_HEADER_LEN: usize = 16;

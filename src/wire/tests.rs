@@ -73,7 +73,92 @@ fn command_type_numbers() {
     assert_eq!(CommandType::try_from(0x8000_0002), Ok(CommandType::EndAck));
     assert_eq!(CommandType::try_from(0x8000_0000), Err(DecodeError::UnknownType(0x8000_0000)));
     assert_eq!(CommandType::try_from(0x8000_0003), Ok(CommandType::Auth));
-    assert_eq!(CommandType::try_from(0x8000_0004), Err(DecodeError::UnknownType(0x8000_0004)));
+    assert_eq!(CommandType::try_from(0x8000_0004), Ok(CommandType::Postcopy));
+    assert_eq!(CommandType::try_from(0x8000_0005), Ok(CommandType::PostcopyDone));
+    assert_eq!(CommandType::try_from(0x8000_0006), Err(DecodeError::UnknownType(0x8000_0006)));
+}
+
+/// A POSTCOPY message over `blocks` (entry, bitmap words).
+fn postcopy_msg(blocks: &[(PostcopyBlock, Vec<u64>)]) -> Vec<u8> {
+    let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
+    let mut w = MessageWriter::new(&mut buf, CommandType::Postcopy);
+    for (b, _) in blocks {
+        w.push(b).unwrap();
+    }
+    for (_, words) in blocks {
+        for word in words {
+            w.push_bytes(&word.to_be_bytes()).unwrap();
+        }
+    }
+    let n = w.finish();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn postcopy_messages() {
+    // 130 pages: 3 words; 1 MiB: 256 pages, 4 words.
+    let a = PostcopyBlock {
+        block_index: 1,
+        rkey: 0x1234,
+        remote_addr: 0x7f00_0000_0000,
+        length: 130 * 4096,
+        stale_pages: 3,
+    };
+    let b = PostcopyBlock { block_index: 0, rkey: 7, remote_addr: 0x1000, length: 1 << 20, stale_pages: 1 };
+    assert_eq!((postcopy_bitmap_words(a.length), postcopy_bitmap_words(b.length)), (3, 4));
+    assert_eq!(postcopy_bitmap_words(4097), 1);
+    let blocks = vec![(a, vec![1, 0, 0b11]), (b, vec![0, 0, 0, 1 << 63])];
+    let buf = postcopy_msg(&blocks);
+    assert_eq!(buf.len(), 16 + 2 * 32 + 7 * 8);
+    assert_eq!(&buf[4..12], &[0x80, 0, 0, 4, 0, 0, 0, 2]);
+    let m = decode_message(&buf).unwrap();
+    assert_eq!(postcopy_blocks(m.payload, m.repeat).unwrap(), blocks);
+
+    // Each rule, broken once.
+    let layout = |blocks: &[(PostcopyBlock, Vec<u64>)], drop: usize| {
+        let mut v = postcopy_msg(blocks);
+        v.truncate(v.len() - drop);
+        let len = (v.len() - 16) as u32;
+        v[..4].copy_from_slice(&len.to_be_bytes());
+        decode_message(&v).map(|m| m.kind)
+    };
+    assert!(matches!(layout(&blocks, 8), Err(DecodeError::PostcopyLayout { .. })), "a bitmap word short");
+    let mut extra = postcopy_msg(&blocks);
+    extra.extend_from_slice(&[0; 8]);
+    let len = (extra.len() - 16) as u32;
+    extra[..4].copy_from_slice(&len.to_be_bytes());
+    assert!(matches!(decode_message(&extra), Err(DecodeError::PostcopyLayout { .. })), "a word too many");
+    let miscounted = [(PostcopyBlock { stale_pages: 4, ..a }, vec![1, 0, 0b11])];
+    assert_eq!(layout(&miscounted, 0), Err(DecodeError::PostcopyBitmap { block_index: 1, declared: 4, counted: 3 }));
+    // Page 130 is past the block's 130 pages.
+    let past = [(PostcopyBlock { stale_pages: 1, ..a }, vec![0, 0, 0b100])];
+    assert!(matches!(layout(&past, 0), Err(DecodeError::PostcopyBitmap { .. })));
+    // Nothing stale: no entry, as the writer makes it (repeat 1).
+    let none = msg(CommandType::Postcopy, 1, &[]);
+    let m = decode_message(&none).unwrap();
+    assert_eq!(postcopy_blocks(m.payload, m.repeat).unwrap(), vec![]);
+    assert_eq!(
+        decode_message(&msg(CommandType::Postcopy, 0, &[0; 32])),
+        Err(DecodeError::ZeroRepeat { kind: CommandType::Postcopy, len: 32 })
+    );
+    assert!(matches!(
+        decode_message(&msg(CommandType::Postcopy, 2, &[0; 32])),
+        Err(DecodeError::PostcopyLayout { .. })
+    ));
+    // A huge length cannot overflow the expected size.
+    let huge = [(PostcopyBlock { length: u64::MAX, stale_pages: 0, ..a }, vec![])];
+    assert!(matches!(layout(&huge, 0), Err(DecodeError::PostcopyLayout { .. })));
+
+    // POSTCOPY_DONE: exactly one summary.
+    let summary = PostcopySummary { pages: 5, faults: 2, bytes: 3 << 12 };
+    let mut buf = vec![0u8; 64];
+    let mut w = MessageWriter::new(&mut buf, CommandType::PostcopyDone);
+    w.push(&summary).unwrap();
+    let n = w.finish();
+    assert_eq!(decode_message(&buf[..n]).unwrap().collect_entries::<PostcopySummary>().unwrap(), vec![summary]);
+    assert!(decode_message(&msg(CommandType::PostcopyDone, 1, &[])).is_err());
+    assert!(decode_message(&msg(CommandType::PostcopyDone, 1, &[0; 25])).is_err());
 }
 
 #[test]

@@ -86,7 +86,7 @@ use rdmamig::verbs::{
 };
 use rdmamig::wire::{
     self, AuthProof, BlockSpec, Capabilities, CommandType, Compress, DestBlock, EndSummary, Entry, MessageWriter,
-    RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
+    PostcopyBlock, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
 };
 use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, RamBlocks};
 
@@ -994,10 +994,25 @@ fn repeat_times_entry_size_wrapping_u32_is_refused() {
 
 #[test]
 fn unknown_command_types_are_refused() {
-    for kind in [12, 0x7FFF_FFFF, 0x8000_0004] {
+    for kind in [12, 0x7FFF_FFFF, 0x8000_0006] {
         let mut s = after_blocks(0);
         s.rejects(&raw_message(0, kind, 1, &[]), &[format!("unknown control message type {kind}").as_str()]);
     }
+}
+
+/// POSTCOPY (rdmamig extension): refused from a source without the
+/// extensions, and one whose block does not match this side's.
+#[test]
+fn postcopy_without_extensions_or_with_a_wrong_block_is_refused() {
+    let block = PostcopyBlock { block_index: 0, rkey: 1, remote_addr: 0x1000, length: 0, stale_pages: 0 };
+    let mut s = after_blocks(0);
+    s.rejects(&message(CommandType::Postcopy, &[block]), &["unexpected Postcopy"]);
+    // Inside the window the RAM-block exchange opened, it is not expected either.
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.rejects(&message(CommandType::Postcopy, &[block]), &["unexpected Postcopy"]);
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.peer.finish_window();
+    s.rejects(&message(CommandType::Postcopy, &[block]), &["malformed POSTCOPY", "bytes here, 0 on the source"]);
 }
 
 #[test]

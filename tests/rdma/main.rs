@@ -24,6 +24,7 @@ mod memory;
 mod migration;
 mod pin_all;
 mod pinning;
+mod postcopy;
 mod qemu;
 mod replay;
 mod setup;

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use crate::engine::link::protocol_error;
+use crate::engine::postcopy::{self, destination::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{is_zero, validate, Ending, Event};
@@ -58,6 +59,9 @@ pub enum Step {
     /// Send this answer, then the connection ends as said: END_ACK after a
     /// checked END, or an empty RAM_BLOCKS_RESULT that makes the source fail too.
     Last(Reply, Result<Ending>),
+    /// POSTCOPY (rdmamig extension): run post-copy over these blocks, then
+    /// answer POSTCOPY_DONE.
+    Postcopy(Vec<PlanBlock>),
 }
 
 /// An answer to the source.
@@ -227,6 +231,9 @@ impl<R: Registrar> Dispatcher<R> {
                 self.open_window();
                 self.zero(&ranges)?;
                 Step::Applied
+            }
+            CommandType::Postcopy if self.extensions && self.blocks_exchanged && !self.in_window => {
+                Step::Postcopy(postcopy::destination::plan(m, &self.order, &self.ram)?)
             }
             other => return Err(protocol(format!("unexpected {other:?} message from the source"))),
         };

@@ -25,6 +25,7 @@ use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Listener, Negotiated};
 use crate::engine::logging;
 use crate::engine::pin::{Pins, Unregistration};
+use crate::engine::postcopy::{PostcopyPhase, PostcopyProgress, Progress};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::Ending;
@@ -64,6 +65,8 @@ struct Shared {
     changed: Condvar,
     counters: Arc<Counters>,
     event: Readiness,
+    /// Post-copy's progress; phase changes are announced through `changed`.
+    postcopy: Progress,
 }
 
 impl Shared {
@@ -155,7 +158,13 @@ impl Destination {
         }
         let pins = Pins::new(link.pd.clone(), listener.config(), counters.clone())?;
         let unregistration = pins.worker();
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), changed: Condvar::new(), counters, event });
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            counters,
+            event,
+            postcopy: Progress::default(),
+        });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
         let service = Service::new(link, pins, ram.clone(), shared.clone(), observer);
@@ -176,6 +185,42 @@ impl Destination {
 
     pub fn negotiated(&self) -> Negotiated {
         self.negotiated
+    }
+
+    /// Post-copy's progress (rdmamig sources only): phase, stale pages
+    /// left, faults served, bytes read. Any thread, at any time.
+    pub fn postcopy_progress(&self) -> PostcopyProgress {
+        self.shared.postcopy.snapshot()
+    }
+
+    /// Waits (up to `timeout`, or for ever) until post-copy reached `phase`:
+    /// [`PostcopyPhase::Running`]: the source's POSTCOPY arrived, its stale
+    /// pages are dropped and faults on them are served, so the vCPUs may run
+    /// (not before); [`PostcopyPhase::Done`]: every stale page is in place.
+    /// Fails with the connection's error if it ends first (then threads
+    /// blocked on a stale page stay blocked: stop the VM), or with `Timeout`.
+    /// Any thread.
+    pub fn wait_postcopy(&self, phase: PostcopyPhase, timeout: Option<Duration>) -> Result<PostcopyProgress> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.shared.state.lock();
+        loop {
+            let progress = self.shared.postcopy.snapshot();
+            if progress.phase >= phase {
+                return Ok(progress);
+            }
+            match &state.end {
+                Some(Err(e)) => return Err(e.clone()),
+                Some(Ok(_)) => {
+                    return Err(Error::new(ErrorKind::State, "the connection ended without post-copy"));
+                }
+                None => {}
+            }
+            let wait = deadline.map_or(Duration::from_millis(100), |d| d.saturating_duration_since(Instant::now()));
+            if wait.is_zero() {
+                return Err(Error::new(ErrorKind::Timeout, format!("post-copy did not reach {phase:?} in time")));
+            }
+            self.shared.changed.wait_for(&mut state, wait.min(Duration::from_millis(100)));
+        }
     }
 
     /// Whether a return-path connection was accepted (see [`put_return`](Self::put_return)).

@@ -11,9 +11,11 @@ use super::Shared;
 use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::pin::{PinAll, Pins};
+use crate::engine::postcopy::{self, destination::PlanBlock, PostcopyPhase};
 use crate::engine::ram::RamBlocks;
 use crate::engine::Ending;
 use crate::verbs::{Access, MemoryRegion};
+use crate::wire::CommandType;
 use crate::{Error, ErrorKind, Result};
 
 /// Stream bytes buffered at most before the service thread stops granting credits.
@@ -162,12 +164,33 @@ impl Service {
                     }
                     self.answer(&self.dispatcher.blocks_result())?;
                 }
+                Step::Postcopy(plan) => self.postcopy(plan)?,
                 Step::Last(reply, end) => {
                     self.answer(&reply)?;
                     return end;
                 }
             }
         }
+    }
+
+    /// Post-copy on this thread (it owns the completion queue the READs
+    /// complete on), then POSTCOPY_DONE; the waiters of `wait_postcopy` are
+    /// woken when it runs and when it is done.
+    fn postcopy(&mut self, plan: Vec<PlanBlock>) -> Result<()> {
+        let shared = self.shared.clone();
+        let notify = move || {
+            let state = shared.state.lock();
+            shared.update(&state);
+        };
+        let summary = postcopy::destination::run(&mut self.link, plan, &self.shared.postcopy, &notify)?;
+        self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;
+        self.shared.postcopy.set_phase(PostcopyPhase::Done);
+        notify();
+        logging::info(format_args!(
+            "destination: post-copy done: {} pages, {} faults served, {} bytes read",
+            summary.pages, summary.faults, summary.bytes
+        ));
+        Ok(())
     }
 
     fn answer(&mut self, reply: &Reply) -> Result<()> {

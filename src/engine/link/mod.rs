@@ -35,6 +35,8 @@ const WRID_PROBE: u64 = 3000;
 const WRID_RECV: [u64; 2] = [4000, 4001];
 /// RDMA WRITE ids carry this bit plus the write's sequence number.
 const WRID_WRITE: u64 = 1 << 63;
+/// RDMA READ ids (post-copy) carry this bit plus the reader's tag.
+const WRID_READ: u64 = 1 << 62;
 
 /// Receive slots. `INCOMING` takes READY on the source and every message on the
 /// destination; `RESPONSE` takes the answer to a request.
@@ -144,6 +146,8 @@ pub(crate) struct Link {
     lost: Option<Error>,
     /// That event was the peer's disconnect (not a device removal).
     closed_by_peer: bool,
+    /// Tags of RDMA READs completed and not yet taken (`take_reads`).
+    reads_done: Vec<u64>,
 }
 
 impl Link {
@@ -183,6 +187,7 @@ impl Link {
             writes_completed: 0,
             lost: None,
             closed_by_peer: false,
+            reads_done: Vec::new(),
         })
     }
 
@@ -267,6 +272,7 @@ impl Link {
             let what = match id {
                 WRID_SEND_CONTROL => "control SEND".to_string(),
                 _ if id & WRID_WRITE != 0 => format!("RDMA WRITE #{}", id & !WRID_WRITE),
+                _ if id & WRID_READ != 0 => format!("RDMA READ (post-copy) {:#x}", id & !WRID_READ),
                 _ => "control RECV".to_string(),
             };
             return Err(Error::new(ErrorKind::Verbs, format!("{what} failed: {} ({})", wc.status_str(), wc.status())));
@@ -274,6 +280,8 @@ impl Link {
         self.last_heard = Instant::now();
         if id == WRID_PROBE {
             self.probe_posted = None;
+        } else if id & WRID_READ != 0 {
+            self.reads_done.push(id & !WRID_READ);
         } else if id & WRID_WRITE != 0 {
             // A signalled completion implies every earlier WR on the send queue completed.
             self.writes_completed = self.writes_completed.max(id & !WRID_WRITE);
@@ -608,6 +616,39 @@ impl Link {
         self.qp.post_write(WRID_WRITE | seq, sge, remote_addr, rkey, signaled)?;
         self.writes_posted = seq;
         Ok(seq)
+    }
+
+    /// Posts a signalled RDMA READ (post-copy); its completion shows up in
+    /// [`take_reads`](Self::take_reads) as `tag` (below bit 62).
+    ///
+    /// # Safety
+    /// `sge` lies in a registered local MR with LOCAL_WRITE whose memory stays
+    /// valid and untouched until the read completes, and
+    /// `remote_addr..+len` lies in the peer's MR of `rkey` (remote read).
+    pub unsafe fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32) -> Result<()> {
+        debug_assert!(tag & (WRID_WRITE | WRID_READ) == 0);
+        self.qp.post_read(WRID_READ | tag, sge, remote_addr, rkey, true)?;
+        Ok(())
+    }
+
+    /// Moves the tags of the READs completed since the last call into `out`.
+    pub fn take_reads(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.reads_done);
+    }
+
+    /// One pass of a post-copy wait: takes completions; when there were
+    /// none, looks at connection events and the liveness probe, then sleeps
+    /// until the CQ fires, `other` (the userfaultfd) is readable, or `wait`
+    /// passes.
+    pub fn pump(&mut self, other: std::os::fd::RawFd, wait: Duration) -> Result<()> {
+        self.check_stop("post-copy")?;
+        if self.reap()? > 0 {
+            return Ok(());
+        }
+        self.check_events()?;
+        self.keepalive()?;
+        self.cq.wait_or(wait.min(EVENT_POLL_INTERVAL), Some(other))?;
+        Ok(())
     }
 
     /// Waits until every write posted so far has completed: posts a

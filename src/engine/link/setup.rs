@@ -145,7 +145,9 @@ impl Link {
         let nonce = config.auth_key.as_ref().map(|_| auth::nonce()).transpose()?;
         link.id.connect(&ConnParam {
             private_data: &ConnectData { caps, nonce }.encode(),
-            responder_resources: 0,
+            // The device's most (librdmacm's RDMA_MAX_RESP_RES): an rdmamig
+            // destination reads this side's RAM in post-copy; QEMU never does.
+            responder_resources: MAX_RD_ATOMIC,
             initiator_depth: 2,
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
@@ -366,7 +368,8 @@ impl Link {
         link.id.accept(&ConnParam {
             private_data: data,
             responder_resources: 2,
-            initiator_depth: 0,
+            // An rdmamig source's post-copy lets this side READ (up to what it offered).
+            initiator_depth: if negotiated.extensions { MAX_RD_ATOMIC } else { 0 },
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
@@ -379,6 +382,9 @@ impl Link {
         Ok(link)
     }
 }
+
+/// librdmacm's RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH: the device's maximum.
+const MAX_RD_ATOMIC: u8 = 0xff;
 
 fn version_error(ours: u32, theirs: u32) -> Error {
     Error::new(ErrorKind::Version, format!("the peer speaks RDMA migration protocol version {theirs}, we speak {ours}"))

@@ -113,7 +113,7 @@ impl Front {
         let _ = self.consumer.set(thread);
     }
 
-    pub(super) fn ram(&self) -> &RamBlocks {
+    pub(crate) fn ram(&self) -> &RamBlocks {
         &self.ram
     }
 

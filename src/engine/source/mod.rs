@@ -18,10 +18,13 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
+use parking_lot::Mutex;
+
 use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Negotiated};
 use crate::engine::logging;
 use crate::engine::pin::{Hint, Unregistration};
+use crate::engine::postcopy::{self, PostcopySummary, StalePages};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::sync::Done;
@@ -64,12 +67,15 @@ enum Command {
     EndIteration(Arc<Done>),
     /// The completion handshake (rdmamig peers): END, then wait for END_ACK.
     End(Arc<Done>),
+    /// Post-copy (rdmamig peers): expose the stale pages for remote read and
+    /// wait until the destination has them; the summary goes into the slot.
+    Postcopy(Vec<StalePages>, Arc<Mutex<Option<PostcopySummary>>>, Arc<Done>),
 }
 
 impl Command {
     fn done(&self) -> Option<&Arc<Done>> {
         match self {
-            Command::Sync(d) | Command::EndIteration(d) | Command::End(d) => Some(d),
+            Command::Sync(d) | Command::EndIteration(d) | Command::End(d) | Command::Postcopy(_, _, d) => Some(d),
             _ => None,
         }
     }
@@ -276,6 +282,37 @@ impl Source {
 
     pub fn stats(&self) -> Stats {
         self.shared.counters.snapshot()
+    }
+
+    /// Post-copy switch-over (rdmamig destinations only): after the last
+    /// iteration window and the device state (`flush`ed), with the guest
+    /// stopped, hands over the pages the destination does not have right
+    /// (`stale`: dirtied since they were sent, or never sent) and returns
+    /// once the destination has pulled every one of them with RDMA READs
+    /// (POSTCOPY_DONE), with what it reports. Until then the blocks with
+    /// stale pages are registered for remote read (whole blocks, within the
+    /// pin budget: refused with `PinBudget` if they do not fit) and their
+    /// memory must stay mapped and unchanged. Then `close` as usual. Runs on
+    /// the caller's thread; the transfer thread does the work.
+    pub fn postcopy(&mut self, stale: &[StalePages]) -> Result<PostcopySummary> {
+        if !self.negotiated.extensions {
+            return Err(Error::new(
+                ErrorKind::State,
+                "post-copy needs an rdmamig destination (QEMU has no such extension)",
+            ));
+        }
+        if self.shared.front.window_open() {
+            return Err(Error::new(ErrorKind::State, "post-copy inside an iteration window: end the window first"));
+        }
+        if self.shared.counters.iterations.load(Ordering::Relaxed) == 0 {
+            return Err(Error::new(ErrorKind::State, "post-copy needs a pre-copy window first"));
+        }
+        postcopy::source::check(self.shared.front.ram(), stale)?;
+        self.flush()?;
+        let slot = Arc::new(Mutex::new(None));
+        self.call(|done| Command::Postcopy(stale.to_vec(), slot.clone(), done))?;
+        let summary = slot.lock().take();
+        summary.ok_or_else(|| Error::new(ErrorKind::State, "post-copy ended without a summary"))
     }
 
     /// A file descriptor to poll (POLLIN, EPOLLIN) for the connection's

@@ -17,6 +17,7 @@ use super::{Command, Shared};
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::logging;
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
+use crate::engine::postcopy;
 use crate::engine::ram::{chunk_of, RamBlock, RamBlocks};
 use crate::engine::stats::Counters;
 use crate::engine::validate::MAX_COMPRESS_BYTES;
@@ -276,6 +277,17 @@ impl Engine {
                 self.link.post_message(CommandType::RegisterFinished, |_| Ok(()))?;
                 self.retire_completed();
                 Counters::add(&self.shared.counters.iterations, 1);
+                done.set(Ok(()));
+                Ok(())
+            }
+            Command::Postcopy(stale, slot, done) => {
+                self.settle_registration()?;
+                self.flush_pending()?;
+                self.register_deferred()?;
+                self.flush_unregister()?;
+                self.link.fence()?;
+                let summary = postcopy::source::run(&mut self.link, &self.pins, &self.ram, &stale)?;
+                *slot.lock() = Some(summary);
                 done.set(Ok(()));
                 Ok(())
             }

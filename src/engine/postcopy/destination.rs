@@ -1,0 +1,472 @@
+//! The destination's post-copy, on its service thread (which owns the
+//! connection and so its completion queue): one loop serves faults first and
+//! pulls the remaining stale pages in the background.
+//!
+//! Faults jump the queue: a fault's 4 KiB READ is posted as soon as its
+//! message is read, while at most `PULL_DEPTH` background reads of up to
+//! `PULL_PAGES` pages are in flight (one while faults wait), so a fault
+//! waits behind at most that many bytes on the wire (the responder serves
+//! READs in order). One thread
+//! rather than a fault thread and a puller: the completions of both arrive
+//! on the connection's one CQ, which only its owner polls.
+
+use std::collections::{HashSet, VecDeque};
+
+use super::uffd::{Installed, Userfault};
+use super::{PostcopyPhase, Progress};
+use crate::engine::link::Link;
+use crate::engine::logging;
+use crate::engine::ram::RamBlocks;
+use crate::engine::validate;
+use crate::verbs::{Access, MemoryRegion, Sge};
+use crate::wire::{postcopy_blocks, Message, PostcopySummary, POSTCOPY_PAGE_SIZE};
+use crate::{Error, ErrorKind, Result};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const PAGE: u64 = POSTCOPY_PAGE_SIZE;
+/// Pages per background read (64 KiB).
+const PULL_PAGES: u64 = 16;
+/// Background reads in flight at most.
+const PULL_DEPTH: usize = 4;
+/// Fault reads in flight at most (more faults queue).
+const FAULT_SLOTS: usize = 16;
+/// Read tags: pull slot `i` is `i`, fault slot `j` is `FAULT_TAG + j`.
+const FAULT_TAG: u64 = 1 << 16;
+
+/// One block of a POSTCOPY message, checked against this side's registry.
+#[derive(Debug)]
+pub struct PlanBlock {
+    host: usize,
+    length: u64,
+    remote_addr: u64,
+    rkey: u32,
+    /// Stale pages not installed yet (bit per page).
+    stale: Vec<u64>,
+    stale_pages: u64,
+}
+
+impl PlanBlock {
+    /// Where the block lies in this process: host address and length (for the fuzz target).
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
+    pub fn span(&self) -> (usize, u64) {
+        (self.host, self.length)
+    }
+}
+
+fn protocol(why: String) -> Error {
+    Error::new(ErrorKind::Protocol, format!("malformed POSTCOPY from the source: {why}"))
+}
+
+/// The blocks of a POSTCOPY message (already validated by `decode_message`),
+/// mapped to this side's blocks through the source's block order.
+pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<PlanBlock>> {
+    let blocks = postcopy_blocks(m.payload, m.repeat).map_err(|e| protocol(e.to_string()))?;
+    let mut seen = HashSet::new();
+    let mut plan = Vec::with_capacity(blocks.len());
+    for (b, stale) in blocks {
+        let (local, block) = validate::local_block(order, ram, b.block_index)?;
+        if !seen.insert(local) {
+            return Err(protocol(format!("block {} listed twice", b.block_index)));
+        }
+        if b.length != block.length {
+            return Err(protocol(format!(
+                "block '{}' has {} bytes here, {} on the source",
+                block.name, block.length, b.length
+            )));
+        }
+        if block.length % PAGE != 0 || block.host as u64 % PAGE != 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("post-copy needs page-aligned blocks: '{}' is not", block.name),
+            ));
+        }
+        if b.stale_pages > 0 {
+            plan.push(PlanBlock {
+                host: block.host,
+                length: block.length,
+                remote_addr: b.remote_addr,
+                rkey: b.rkey,
+                stale,
+                stale_pages: b.stale_pages,
+            });
+        }
+    }
+    Ok(plan)
+}
+
+/// An anonymous mapping, unmapped on drop.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; nothing uses it any more.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// The registered staging buffer the READs land in: `PULL_DEPTH` pull
+/// slots, then `FAULT_SLOTS` pages. `mr` is declared first, so it is
+/// deregistered (no more DMA into the memory) before the memory is unmapped.
+struct Staging {
+    mr: MemoryRegion,
+    map: Mapping,
+}
+
+impl Staging {
+    fn new(link: &Link) -> Result<Staging> {
+        let len = (PULL_DEPTH as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE) as usize;
+        // SAFETY: a fresh private anonymous mapping.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::new(ErrorKind::Verbs, "cannot map the post-copy staging buffer"));
+        }
+        let map = Mapping { base: base.cast(), len };
+        // SAFETY: the mapping lives as long as `Staging`, and is unmapped after the MR (field order).
+        let mr = unsafe { link.pd.register(map.base, len, Access::LOCAL_WRITE)? };
+        Ok(Staging { mr, map })
+    }
+
+    fn pull_slot(&self, i: usize) -> u64 {
+        i as u64 * PULL_PAGES * PAGE
+    }
+
+    fn fault_slot(&self, j: usize) -> u64 {
+        PULL_DEPTH as u64 * PULL_PAGES * PAGE + j as u64 * PAGE
+    }
+
+    fn sge(&self, at: u64, len: u64) -> Sge {
+        self.mr.sge(at as usize, len as u32).expect("inside the staging buffer")
+    }
+
+    fn ptr(&self, at: u64) -> *const u8 {
+        debug_assert!((at as usize) < self.map.len);
+        // SAFETY: callers pass offsets of slots inside the mapping.
+        unsafe { self.map.base.add(at as usize) }
+    }
+}
+
+fn test_bit(words: &[u64], i: u64) -> bool {
+    words[(i / 64) as usize] >> (i % 64) & 1 != 0
+}
+
+fn clear_bit(words: &mut [u64], i: u64) {
+    words[(i / 64) as usize] &= !(1 << (i % 64));
+}
+
+/// The first set bit at or after `from`, below `end`.
+fn next_set(words: &[u64], from: u64, end: u64) -> Option<u64> {
+    let mut i = from;
+    while i < end {
+        let w = words[(i / 64) as usize] >> (i % 64);
+        if w != 0 {
+            let at = i + w.trailing_zeros() as u64;
+            return (at < end).then_some(at);
+        }
+        i = (i / 64 + 1) * 64;
+    }
+    None
+}
+
+struct Pull {
+    block: usize,
+    first: u64,
+    pages: u64,
+}
+
+struct Puller<'a> {
+    blocks: Vec<PlanBlock>,
+    uffd: &'a Userfault,
+    staging: Staging,
+    progress: &'a Progress,
+    remaining: u64,
+    /// Next page the background pull looks at: (block, page).
+    cursor: (usize, u64),
+    pulls: [Option<Pull>; PULL_DEPTH],
+    faults: [Option<(usize, u64)>; FAULT_SLOTS],
+    queued: VecDeque<(usize, u64)>,
+    /// Pages with a fault read in flight or queued.
+    faulting: HashSet<(usize, u64)>,
+    done: Vec<u64>,
+    addrs: Vec<u64>,
+    /// Pages announced stale (never cleared): a fault on a page outside it is a zero page.
+    announced: Vec<Vec<u64>>,
+}
+
+/// Runs post-copy to the end: discards the stale pages, registers the
+/// userfaultfd, calls `running` (the vCPUs may run from then on), serves
+/// faults and pulls every stale page. On failure the userfaultfd is leaked
+/// on purpose (see the module docs).
+pub(crate) fn run(
+    link: &mut Link,
+    blocks: Vec<PlanBlock>,
+    progress: &Progress,
+    running: &dyn Fn(),
+) -> Result<PostcopySummary> {
+    // SAFETY: sysconf has no preconditions.
+    let host_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if host_page as u64 != PAGE {
+        return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
+    }
+    let uffd = Userfault::new()?;
+    let total: u64 = blocks.iter().map(|b| b.stale_pages).sum();
+    for b in &blocks {
+        uffd.register(b.host, b.length)?;
+        let pages = b.length / PAGE;
+        let mut i = 0;
+        while let Some(first) = next_set(&b.stale, i, pages) {
+            let mut end = first + 1;
+            while end < pages && test_bit(&b.stale, end) {
+                end += 1;
+            }
+            // SAFETY: inside the block, which the registry keeps mapped; the
+            // guest does not run yet, and the source rewrites these pages.
+            let rc = unsafe {
+                libc::madvise(
+                    (b.host + (first * PAGE) as usize) as *mut _,
+                    ((end - first) * PAGE) as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if rc != 0 {
+                return Err(Error::new(
+                    ErrorKind::Verbs,
+                    format!("madvise(MADV_DONTNEED) of stale pages: {}", std::io::Error::last_os_error()),
+                ));
+            }
+            i = end;
+        }
+    }
+    let staging = Staging::new(link)?;
+    progress.pages_total.store(total, Ordering::Relaxed);
+    progress.pages_remaining.store(total, Ordering::Relaxed);
+    progress.set_phase(PostcopyPhase::Running);
+    logging::info(format_args!(
+        "destination: post-copy: {total} stale pages in {} blocks dropped, serving faults",
+        blocks.len()
+    ));
+    running();
+    let announced = blocks.iter().map(|b| b.stale.clone()).collect();
+    let mut p = Puller {
+        blocks,
+        uffd: &uffd,
+        staging,
+        progress,
+        remaining: total,
+        cursor: (0, 0),
+        pulls: Default::default(),
+        faults: Default::default(),
+        queued: VecDeque::new(),
+        faulting: HashSet::new(),
+        done: Vec::new(),
+        addrs: Vec::new(),
+        announced,
+    };
+    match p.serve(link) {
+        Ok(()) => {
+            let summary = PostcopySummary {
+                pages: total,
+                faults: progress.faults_served.load(Ordering::Relaxed),
+                bytes: progress.bytes_pulled.load(Ordering::Relaxed),
+            };
+            drop(p);
+            // Closing it unregisters the blocks: every stale page is in place,
+            // and a missing page now is one nobody wrote (zero-filled).
+            drop(uffd);
+            Ok(summary)
+        }
+        Err(e) => {
+            logging::error(format_args!(
+                "destination: post-copy failed with {} stale pages missing: {e}; threads blocked on them stay \
+                 blocked (the userfaultfd stays open): stop the VM",
+                p.remaining
+            ));
+            drop(p);
+            uffd.leak();
+            Err(e)
+        }
+    }
+}
+
+impl Puller<'_> {
+    fn serve(&mut self, link: &mut Link) -> Result<()> {
+        loop {
+            self.take_faults()?;
+            self.post_faults(link)?;
+            self.post_pulls(link)?;
+            link.take_reads(&mut self.done);
+            let done = std::mem::take(&mut self.done);
+            for tag in &done {
+                self.completed(*tag)?;
+            }
+            self.done = done;
+            self.done.clear();
+            let idle = self.pulls.iter().all(Option::is_none) && self.faults.iter().all(Option::is_none);
+            if self.remaining == 0 && idle {
+                return Ok(());
+            }
+            link.pump(self.uffd.fd(), Duration::from_millis(100))?;
+        }
+    }
+
+    /// Reads the fault messages waiting and sorts each fault out.
+    fn take_faults(&mut self) -> Result<()> {
+        self.addrs.clear();
+        self.uffd.read_faults(&mut self.addrs)?;
+        for i in 0..self.addrs.len() {
+            let addr = self.addrs[i] & !(PAGE - 1);
+            let Some(block) =
+                self.blocks.iter().position(|b| (b.host as u64..b.host as u64 + b.length).contains(&addr))
+            else {
+                continue;
+            };
+            let page = (addr - self.blocks[block].host as u64) / PAGE;
+            if test_bit(&self.blocks[block].stale, page) {
+                let pulling = self
+                    .pulls
+                    .iter()
+                    .flatten()
+                    .any(|p| p.block == block && (p.first..p.first + p.pages).contains(&page));
+                if !pulling && self.faulting.insert((block, page)) {
+                    self.queued.push_back((block, page));
+                }
+            } else if test_bit(&self.announced[block], page) {
+                // Installed already: its install woke the waiters; wake late ones too.
+                self.uffd.wake(addr, PAGE)?;
+            } else {
+                // Not stale, so this side had it right, and it is missing: it is zero.
+                self.uffd.zero(addr, PAGE)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn post_faults(&mut self, link: &mut Link) -> Result<()> {
+        for j in 0..FAULT_SLOTS {
+            if self.faults[j].is_some() {
+                continue;
+            }
+            let Some((block, page)) = self.queued.pop_front() else { return Ok(()) };
+            let b = &self.blocks[block];
+            let sge = self.staging.sge(self.staging.fault_slot(j), PAGE);
+            // SAFETY: the slot is free (nothing reads or writes it until the
+            // completion); the page lies in the source's block MR.
+            unsafe { link.post_read(FAULT_TAG + j as u64, sge, b.remote_addr + page * PAGE, b.rkey)? };
+            self.faults[j] = Some((block, page));
+        }
+        Ok(())
+    }
+
+    fn post_pulls(&mut self, link: &mut Link) -> Result<()> {
+        // While faults wait, at most one pull is in flight: a fault's read
+        // queues behind the pulls posted before it.
+        let faulting = !self.faulting.is_empty();
+        for i in 0..PULL_DEPTH {
+            if self.pulls[i].is_some() {
+                continue;
+            }
+            if faulting && self.pulls.iter().any(Option::is_some) {
+                return Ok(());
+            }
+            let Some(pull) = self.next_pull() else { return Ok(()) };
+            let b = &self.blocks[pull.block];
+            let sge = self.staging.sge(self.staging.pull_slot(i), pull.pages * PAGE);
+            // SAFETY: as in `post_faults`.
+            unsafe { link.post_read(i as u64, sge, b.remote_addr + pull.first * PAGE, b.rkey)? };
+            self.pulls[i] = Some(pull);
+        }
+        Ok(())
+    }
+
+    /// The next background read: the stale pages of the next aligned
+    /// `PULL_PAGES` window that has any, from its first to its last.
+    fn next_pull(&mut self) -> Option<Pull> {
+        while self.cursor.0 < self.blocks.len() {
+            let (block, from) = self.cursor;
+            let b = &self.blocks[block];
+            let pages = b.length / PAGE;
+            match next_set(&b.stale, from, pages) {
+                None => self.cursor = (block + 1, 0),
+                Some(first) => {
+                    let end = ((first / PULL_PAGES + 1) * PULL_PAGES).min(pages);
+                    let mut last = first;
+                    let mut i = first + 1;
+                    while let Some(n) = next_set(&b.stale, i, end) {
+                        last = n;
+                        i = n + 1;
+                    }
+                    self.cursor = (block, end);
+                    return Some(Pull { block, first, pages: last + 1 - first });
+                }
+            }
+        }
+        None
+    }
+
+    fn completed(&mut self, tag: u64) -> Result<()> {
+        if tag >= FAULT_TAG {
+            let j = (tag - FAULT_TAG) as usize;
+            let (block, page) = self.faults.get_mut(j).and_then(Option::take).ok_or_else(|| stray(tag))?;
+            self.faulting.remove(&(block, page));
+            self.progress.bytes_pulled.fetch_add(PAGE, Ordering::Relaxed);
+            let at = self.staging.fault_slot(j);
+            if test_bit(&self.blocks[block].stale, page) {
+                self.install(block, page, 1, at)?;
+                self.progress.faults_served.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.uffd.wake(self.blocks[block].host as u64 + page * PAGE, PAGE)?;
+            }
+            return Ok(());
+        }
+        let i = tag as usize;
+        let pull = self.pulls.get_mut(i).and_then(Option::take).ok_or_else(|| stray(tag))?;
+        self.progress.bytes_pulled.fetch_add(pull.pages * PAGE, Ordering::Relaxed);
+        let base = self.staging.pull_slot(i);
+        // Install each run of pages still stale (a fault may have installed some).
+        let end = pull.first + pull.pages;
+        let mut at = pull.first;
+        while let Some(first) = next_set(&self.blocks[pull.block].stale, at, end) {
+            let mut last = first + 1;
+            while last < end && test_bit(&self.blocks[pull.block].stale, last) {
+                last += 1;
+            }
+            self.install(pull.block, first, last - first, base + (first - pull.first) * PAGE)?;
+            at = last;
+        }
+        Ok(())
+    }
+
+    /// UFFDIO_COPY of `n` stale pages from staging offset `at`; pages found
+    /// present are skipped. Either way they are no longer stale.
+    fn install(&mut self, block: usize, first: u64, n: u64, at: u64) -> Result<()> {
+        let b = &mut self.blocks[block];
+        let dst = b.host as u64 + first * PAGE;
+        // SAFETY: the slot holds the completed read; `dst` lies in a registered block.
+        let got = unsafe { self.uffd.copy(dst, self.staging.ptr(at), n * PAGE, PAGE)? };
+        if let Installed::Some { installed } = got {
+            self.progress.pages_skipped.fetch_add(n - installed, Ordering::Relaxed);
+        }
+        for p in first..first + n {
+            clear_bit(&mut b.stale, p);
+        }
+        self.remaining -= n;
+        self.progress.pages_remaining.store(self.remaining, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn stray(tag: u64) -> Error {
+    Error::new(ErrorKind::State, format!("post-copy: a completion for read {tag:#x}, which is not in flight"))
+}

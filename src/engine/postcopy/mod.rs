@@ -1,0 +1,118 @@
+//! Post-copy over RDMA READ (rdmamig extension, issue 13; a first slice).
+//!
+//! After its last pre-copy window, with the guest stopped, the source calls
+//! [`Source::postcopy`](crate::engine::Source::postcopy) with the pages the
+//! destination does not have right (dirtied since sent, or never sent). Its
+//! transfer thread registers those blocks whole for remote read (within its
+//! pin budget, or it refuses), sends one POSTCOPY request (each block's
+//! address, read key and stale bitmap, `wire::postcopy_blocks`) and keeps the
+//! memory registered, which the caller must keep mapped and unchanged, until
+//! the destination's POSTCOPY_DONE (or the connection's end).
+//!
+//! The destination's service thread takes the POSTCOPY message and becomes
+//! the post-copy thread (`destination`): the library opens a userfaultfd
+//! itself, registers the blocks with stale pages in MISSING mode and drops the
+//! stale pages (`MADV_DONTNEED`), so the next touch of one faults. Then the
+//! hypervisor's [`Destination::wait_postcopy`](crate::engine::Destination::wait_postcopy)
+//! returns and its vCPUs may run. The one thread serves faults first (a
+//! 4 KiB RDMA READ into a registered staging slot, then `UFFDIO_COPY`, which
+//! wakes the faulting threads) and pulls the rest in the background (reads
+//! of up to 64 KiB, a few in flight). `UFFDIO_COPY` never overwrites: a page
+//! already present (a fault installed it, or the guest wrote it after its
+//! fault) makes it fail with EEXIST, and that page is skipped. When no stale
+//! page is left it closes the userfaultfd and answers POSTCOPY_DONE.
+//!
+//! Why the library registers the userfaultfd: it alone knows the stale set
+//! when the message arrives, and a VMM with private anonymous guest RAM
+//! (cloud-hypervisor-like, or a test) needs nothing else. Shared-memory
+//! backings (memfd, hugetlbfs) would need `fallocate(PUNCH_HOLE)` rather
+//! than `MADV_DONTNEED`, and QEMU hands over its own userfaultfd: neither is
+//! in this slice.
+//!
+//! Failure: the post-copy thread stops, the connection's error is stored
+//! (`Destination::error`, its event fd becomes readable, `wait_postcopy`
+//! fails), and it never installs a page it did not read from the source.
+//! Threads blocked on a stale page stay blocked: closing the userfaultfd
+//! would let them run on zero-filled pages, so on failure it is left open
+//! (leaked) for the life of the process. The hypervisor must stop its VM;
+//! releasing them with SIGBUS (`UFFDIO_POISON`, Linux 6.6) is not done yet.
+
+pub(crate) mod destination;
+pub(crate) mod source;
+mod uffd;
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+pub use crate::wire::PostcopySummary;
+
+/// The stale pages of one block, for [`Source::postcopy`](crate::engine::Source::postcopy):
+/// bit `i % 64` of `bitmap[i / 64]` set means page `i` (4 KiB,
+/// [`wire::POSTCOPY_PAGE_SIZE`](crate::wire::POSTCOPY_PAGE_SIZE)) of block
+/// `block` must be read from the source. Blocks not listed have none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StalePages {
+    pub block: u32,
+    pub bitmap: Vec<u64>,
+}
+
+/// Where a destination's post-copy is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PostcopyPhase {
+    /// No POSTCOPY message yet.
+    Idle = 0,
+    /// The stale pages are dropped and faults are served: vCPUs may run.
+    Running = 1,
+    /// Every stale page is installed; POSTCOPY_DONE was sent.
+    Done = 2,
+}
+
+/// A destination's post-copy progress ([`Destination::postcopy_progress`](crate::engine::Destination::postcopy_progress)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostcopyProgress {
+    pub phase: PostcopyPhase,
+    /// Stale pages announced by the source.
+    pub pages_total: u64,
+    /// Stale pages not installed yet.
+    pub pages_remaining: u64,
+    /// Faults served with a read of their own.
+    pub faults_served: u64,
+    /// Stale pages found present when they were to be installed (the guest
+    /// or another install got there first): skipped, never overwritten.
+    pub pages_skipped: u64,
+    /// Bytes read from the source.
+    pub bytes_pulled: u64,
+}
+
+/// The live counters behind [`PostcopyProgress`], updated by the post-copy thread.
+#[derive(Default)]
+pub(crate) struct Progress {
+    phase: AtomicU8,
+    pages_total: AtomicU64,
+    pages_remaining: AtomicU64,
+    faults_served: AtomicU64,
+    pages_skipped: AtomicU64,
+    bytes_pulled: AtomicU64,
+}
+
+impl Progress {
+    pub fn snapshot(&self) -> PostcopyProgress {
+        let phase = match self.phase.load(Ordering::Acquire) {
+            0 => PostcopyPhase::Idle,
+            1 => PostcopyPhase::Running,
+            _ => PostcopyPhase::Done,
+        };
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PostcopyProgress {
+            phase,
+            pages_total: get(&self.pages_total),
+            pages_remaining: get(&self.pages_remaining),
+            faults_served: get(&self.faults_served),
+            pages_skipped: get(&self.pages_skipped),
+            bytes_pulled: get(&self.bytes_pulled),
+        }
+    }
+
+    pub(crate) fn set_phase(&self, p: PostcopyPhase) {
+        self.phase.store(p as u8, Ordering::Release);
+    }
+}
