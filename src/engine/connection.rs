@@ -75,14 +75,10 @@ impl Connection {
         Self::new(Role::Closed)
     }
 
-    fn wrong_role(&self, call: &str, wanted: &str) -> Error {
-        self.role.wrong(call, wanted)
-    }
-
     pub fn as_source(&self, call: &str) -> Result<&Source> {
         match &self.role {
             Role::Source(s) => Ok(s),
-            _ => Err(self.wrong_role(call, "source")),
+            _ => Err(self.role.wrong(call, "source")),
         }
     }
 
@@ -96,7 +92,7 @@ impl Connection {
     pub fn as_destination(&self, call: &str) -> Result<&Destination> {
         match &self.role {
             Role::Destination(d) => Ok(d),
-            _ => Err(self.wrong_role(call, "destination")),
+            _ => Err(self.role.wrong(call, "destination")),
         }
     }
 
@@ -105,7 +101,7 @@ impl Connection {
         match &self.role {
             Role::Source(s) => Ok(s.event_fd()),
             Role::Destination(d) => Ok(d.event_fd()),
-            Role::Closed => Err(self.wrong_role(call, "open")),
+            Role::Closed => Err(self.role.wrong(call, "open")),
         }
     }
 
@@ -120,7 +116,7 @@ impl Connection {
     /// Fails after [`Connection::close`]; `Ok` for either open role.
     pub fn check_open(&self, call: &str) -> Result<()> {
         if self.is_closed() {
-            return Err(self.wrong_role(call, "open"));
+            return Err(self.role.wrong(call, "open"));
         }
         Ok(())
     }
@@ -129,7 +125,7 @@ impl Connection {
         match &self.role {
             Role::Source(s) => Ok(s.stats()),
             Role::Destination(d) => Ok(d.stats()),
-            Role::Closed => Err(self.wrong_role(call, "open")),
+            Role::Closed => Err(self.role.wrong(call, "open")),
         }
     }
 
@@ -137,7 +133,7 @@ impl Connection {
         match &self.role {
             Role::Source(s) => Ok(s.negotiated()),
             Role::Destination(d) => Ok(d.negotiated()),
-            Role::Closed => Err(self.wrong_role(call, "open")),
+            Role::Closed => Err(self.role.wrong(call, "open")),
         }
     }
 
@@ -146,7 +142,7 @@ impl Connection {
         match &self.role {
             Role::Source(s) => s.abort(),
             Role::Destination(d) => d.abort(),
-            Role::Closed => return Err(self.wrong_role(call, "open")),
+            Role::Closed => return Err(self.role.wrong(call, "open")),
         }
         Ok(())
     }

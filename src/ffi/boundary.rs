@@ -2,9 +2,6 @@
 //! caught panic. (A failed argument check returns its status, or the
 //! function's documented NULL / 0 / false, through `last_error::record_or`.)
 
-// A toolbox for the boundary functions: not every helper is used at every moment.
-#![allow(dead_code)]
-
 use super::status::rdmamig_status;
 
 /// The value returned after a caught panic.

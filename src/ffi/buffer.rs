@@ -1,8 +1,5 @@
 //! Copying text out to caller-owned buffers.
 
-// A toolbox for the boundary functions: not every helper is used at every moment.
-#![allow(dead_code)]
-
 use std::os::raw::c_char;
 
 /// Copies `msg` into the caller's buffer `(buf, buf_len)` the way `snprintf`

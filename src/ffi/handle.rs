@@ -19,9 +19,6 @@
 //! [`free_box`]. If a handle ever needs shared ownership across C owners, add an
 //! `Arc` flavour here (rustls-ffi's `OwnershipArc`) rather than casting by hand.
 
-// A toolbox for the boundary functions: not every helper is used at every moment.
-#![allow(dead_code)]
-
 use std::ffi::CStr;
 use std::os::raw::c_char;
 
