@@ -15,7 +15,7 @@ pub fn rdma_ip() -> String {
     std::env::var("RXE_VM_IP").unwrap_or_else(|_| "198.18.0.1".into())
 }
 
-/// Anonymous memory standing in for guest RAM; written with volatile stores
+/// Memory standing in for guest RAM (private anonymous unless `shared`); written with volatile stores
 /// because the transfer reads it concurrently.
 pub struct GuestRam {
     ptr: *mut u8,
@@ -27,17 +27,22 @@ unsafe impl Sync for GuestRam {}
 
 impl GuestRam {
     pub fn new(len: u64, fill: u8) -> GuestRam {
+        GuestRam::map(len, fill, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)
+    }
+
+    /// Shared memory (a memfd, as vhost-user setups back guest RAM).
+    pub fn shared(len: u64, fill: u8) -> GuestRam {
+        let fd = unsafe { libc::memfd_create(c"guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        assert_eq!(unsafe { libc::ftruncate(fd, len as libc::off_t) }, 0);
+        let ram = GuestRam::map(len, fill, libc::MAP_SHARED, fd);
+        unsafe { libc::close(fd) };
+        ram
+    }
+
+    fn map(len: u64, fill: u8, flags: libc::c_int, fd: libc::c_int) -> GuestRam {
         let len = len as usize;
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
         assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes failed");
         let ram = GuestRam { ptr: ptr as *mut u8, len };
         if fill != 0 {

@@ -197,9 +197,10 @@ impl Destination {
     /// [`PostcopyPhase::Running`]: the source's POSTCOPY arrived, its stale
     /// pages are dropped and faults on them are served, so the vCPUs may run
     /// (not before); [`PostcopyPhase::Done`]: every stale page is in place.
-    /// Fails with the connection's error if it ends first (then threads
-    /// blocked on a stale page stay blocked: stop the VM), or with `Timeout`.
-    /// Any thread.
+    /// Fails with the connection's error if it ends first, or with
+    /// `Timeout`. After a failure in post-copy the post-copy blocks are
+    /// PROT_NONE and threads blocked on them get SIGSEGV (the README's
+    /// post-copy failure semantics): stop the VM. Any thread.
     pub fn wait_postcopy(&self, phase: PostcopyPhase, timeout: Option<Duration>) -> Result<PostcopyProgress> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.shared.state.lock();

@@ -11,7 +11,8 @@ use super::Shared;
 use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::pin::{PinAll, Pins};
-use crate::engine::postcopy::{self, destination::PlanBlock, PostcopyPhase};
+use crate::engine::postcopy::destination::{Blocked, PlanBlock};
+use crate::engine::postcopy::{self, PostcopyPhase};
 use crate::engine::ram::RamBlocks;
 use crate::engine::Ending;
 use crate::verbs::{Access, MemoryRegion};
@@ -68,6 +69,9 @@ pub(super) struct Service {
     pin_all: Option<PinAll>,
     dispatcher: Dispatcher<Pins>,
     shared: Arc<Shared>,
+    /// A post-copy's userfaultfd while it runs; left here by a failure, so
+    /// that the blocked threads are released after the failure is reported.
+    postcopy_blocked: Option<Blocked>,
 }
 
 impl Service {
@@ -77,7 +81,7 @@ impl Service {
         if let Some(observer) = observer {
             dispatcher.set_observer(observer);
         }
-        Service { link, pins, pin_all: None, dispatcher, shared }
+        Service { link, pins, pin_all: None, dispatcher, shared, postcopy_blocked: None }
     }
 
     pub fn run(mut self) {
@@ -99,12 +103,14 @@ impl Service {
         }
         // Destroy the QP, CQ and id (no more remote writes), hand every
         // registration to the worker, then report the end.
-        let Service { link, mut pins, dispatcher, shared, .. } = self;
+        let Service { link, mut pins, dispatcher, shared, postcopy_blocked, .. } = self;
         drop(link);
         dispatcher.release_all(&mut pins);
         let mut state = shared.state.lock();
         state.end = Some(end);
         shared.update(&state);
+        drop(state);
+        drop(postcopy_blocked);
     }
 
     /// How the connection ended. Only the completion handshake completes a
@@ -182,7 +188,13 @@ impl Service {
             let state = shared.state.lock();
             shared.update(&state);
         };
-        let summary = postcopy::destination::run(&mut self.link, plan, &self.shared.postcopy, &notify)?;
+        let summary = postcopy::destination::run(
+            &mut self.link,
+            plan,
+            &self.shared.postcopy,
+            &notify,
+            &mut self.postcopy_blocked,
+        )?;
         self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;
         self.shared.postcopy.set_phase(PostcopyPhase::Done);
         notify();

@@ -1,6 +1,7 @@
 //! The destination's post-copy, on its service thread (which owns the
 //! connection and so its completion queue): one loop serves faults first and
-//! pulls the remaining stale pages in the background.
+//! pulls the remaining stale pages in the background, around recent faults
+//! first.
 //!
 //! Faults jump the queue: a fault's 4 KiB READ is posted as soon as its
 //! message is read, while at most `PULL_DEPTH` background reads of up to
@@ -31,6 +32,8 @@ const PULL_PAGES: u64 = 16;
 const PULL_DEPTH: usize = 4;
 /// Fault reads in flight at most (more faults queue).
 const FAULT_SLOTS: usize = 16;
+/// Windows remembered around recent faults.
+const HOT_WINDOWS: usize = 16;
 /// Read tags: pull slot `i` is `i`, fault slot `j` is `FAULT_TAG + j`.
 const FAULT_TAG: u64 = 1 << 16;
 
@@ -194,6 +197,9 @@ struct Puller<'a> {
     remaining: u64,
     /// Next page the background pull looks at: (block, page).
     cursor: (usize, u64),
+    /// Windows (block, window) to pull before the cursor's, newest first:
+    /// each fault's and the one after it (guests touch memory in runs).
+    hot: VecDeque<(usize, u64)>,
     pulls: [Option<Pull>; PULL_DEPTH],
     faults: [Option<(usize, u64)>; FAULT_SLOTS],
     queued: VecDeque<(usize, u64)>,
@@ -205,22 +211,105 @@ struct Puller<'a> {
     announced: Vec<Vec<u64>>,
 }
 
+/// Drops the stale pages at `[addr, addr + len)` (inside a block, which the
+/// registry keeps mapped; the guest does not run yet, and the source
+/// rewrites these pages), so that the next touch faults: shared memory
+/// (memfd, shmem) has its file's pages punched out (`MADV_REMOVE`: merely
+/// unmapping them would map the old page back on the next touch, without a
+/// fault); private anonymous memory, where that fails with EINVAL, has them
+/// unmapped (`MADV_DONTNEED`). hugetlbfs fails on 4 KiB runs: refused.
+fn discard(addr: usize, len: usize) -> Result<()> {
+    // SAFETY: see above; only these pages' contents go.
+    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_REMOVE) } == 0 {
+        return Ok(());
+    }
+    let remove = std::io::Error::last_os_error();
+    // SAFETY: as above.
+    if remove.raw_os_error() == Some(libc::EINVAL)
+        && unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } == 0
+    {
+        return Ok(());
+    }
+    let dontneed = std::io::Error::last_os_error();
+    Err(Error::new(
+        ErrorKind::InvalidArgument,
+        format!(
+            "post-copy cannot drop stale guest pages (needs private anonymous or shared 4 KiB-page memory, not \
+             mlocked, not hugetlbfs): madvise(MADV_REMOVE): {remove}, madvise(MADV_DONTNEED): {dontneed}"
+        ),
+    ))
+}
+
+/// The userfaultfd of a post-copy and the blocks it covers. Dropped before
+/// post-copy completed (it failed, or the service thread panicked), it
+/// releases the threads blocked on missing pages: see the `Drop` impl.
+pub(crate) struct Blocked {
+    uffd: Option<Userfault>,
+    spans: Vec<(usize, u64)>,
+}
+
+impl Blocked {
+    /// Every stale page is in place: closing the userfaultfd unregisters the
+    /// blocks, and a page missing now is one nobody wrote (zero-filled).
+    fn completed(mut self) {
+        drop(self.uffd.take());
+    }
+}
+
+impl Drop for Blocked {
+    /// The failure release: every post-copy block becomes PROT_NONE, then
+    /// every thread waiting on the userfaultfd is woken. A woken thread
+    /// retries its access and gets SIGSEGV (SEGV_ACCERR) at the address (in
+    /// KVM, KVM_RUN fails with EFAULT); later accesses get it at once. So no
+    /// vCPU stays blocked and none runs on a page the source never sent.
+    /// mprotect before the wake: it takes the mmap lock for writing, so a
+    /// thread that passed the access check before it has queued itself on
+    /// the userfaultfd by then, and the wake reaches it. The userfaultfd
+    /// stays open (leaked): were a block made accessible again, a missing
+    /// page would block rather than read as zero.
+    fn drop(&mut self) {
+        let Some(uffd) = self.uffd.take() else { return };
+        for &(host, len) in &self.spans {
+            // SAFETY: a guest RAM block the registry keeps mapped; only its
+            // protection changes (the library never touches it again).
+            if unsafe { libc::mprotect(host as *mut _, len as usize, libc::PROT_NONE) } != 0 {
+                let e = std::io::Error::last_os_error();
+                logging::error(format_args!("destination: post-copy failure: mprotect(PROT_NONE) of a block: {e}"));
+            }
+        }
+        for &(host, len) in &self.spans {
+            if let Err(e) = uffd.wake(host as u64, len) {
+                logging::error(format_args!("destination: post-copy failure: waking blocked threads: {e}"));
+            }
+        }
+        uffd.leak();
+        logging::error(format_args!(
+            "destination: post-copy failed: its {} guest RAM blocks are PROT_NONE, threads blocked on them are \
+             woken (SIGSEGV): stop the VM",
+            self.spans.len()
+        ));
+    }
+}
+
 /// Runs post-copy to the end: discards the stale pages, registers the
 /// userfaultfd, calls `running` (the vCPUs may run from then on), serves
-/// faults and pulls every stale page. On failure the userfaultfd is leaked
-/// on purpose (see the module docs).
+/// faults and pulls every stale page. The userfaultfd is kept in `blocked`
+/// while it runs: on failure it stays there, for the caller to drop (the
+/// release of blocked threads) once the failure is reported.
 pub(crate) fn run(
     link: &mut Link,
     blocks: Vec<PlanBlock>,
     progress: &Progress,
     running: &dyn Fn(),
+    blocked: &mut Option<Blocked>,
 ) -> Result<PostcopySummary> {
     // SAFETY: sysconf has no preconditions.
     let host_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if host_page as u64 != PAGE {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
     }
-    let uffd = Userfault::new()?;
+    let spans = blocks.iter().map(|b| (b.host, b.length)).collect();
+    let uffd = blocked.insert(Blocked { uffd: Some(Userfault::new()?), spans }).uffd.as_ref().expect("just opened");
     let total: u64 = blocks.iter().map(|b| b.stale_pages).sum();
     for b in &blocks {
         uffd.register(b.host, b.length)?;
@@ -231,21 +320,7 @@ pub(crate) fn run(
             while end < pages && test_bit(&b.stale, end) {
                 end += 1;
             }
-            // SAFETY: inside the block, which the registry keeps mapped; the
-            // guest does not run yet, and the source rewrites these pages.
-            let rc = unsafe {
-                libc::madvise(
-                    (b.host + (first * PAGE) as usize) as *mut _,
-                    ((end - first) * PAGE) as usize,
-                    libc::MADV_DONTNEED,
-                )
-            };
-            if rc != 0 {
-                return Err(Error::new(
-                    ErrorKind::Verbs,
-                    format!("madvise(MADV_DONTNEED) of stale pages: {}", std::io::Error::last_os_error()),
-                ));
-            }
+            discard(b.host + (first * PAGE) as usize, ((end - first) * PAGE) as usize)?;
             i = end;
         }
     }
@@ -261,11 +336,12 @@ pub(crate) fn run(
     let announced = blocks.iter().map(|b| b.stale.clone()).collect();
     let mut p = Puller {
         blocks,
-        uffd: &uffd,
+        uffd,
         staging,
         progress,
         remaining: total,
         cursor: (0, 0),
+        hot: VecDeque::with_capacity(HOT_WINDOWS),
         pulls: Default::default(),
         faults: Default::default(),
         queued: VecDeque::new(),
@@ -274,30 +350,15 @@ pub(crate) fn run(
         addrs: Vec::new(),
         announced,
     };
-    match p.serve(link) {
-        Ok(()) => {
-            let summary = PostcopySummary {
-                pages: total,
-                faults: progress.faults_served.load(Ordering::Relaxed),
-                bytes: progress.bytes_pulled.load(Ordering::Relaxed),
-            };
-            drop(p);
-            // Closing it unregisters the blocks: every stale page is in place,
-            // and a missing page now is one nobody wrote (zero-filled).
-            drop(uffd);
-            Ok(summary)
-        }
-        Err(e) => {
-            logging::error(format_args!(
-                "destination: post-copy failed with {} stale pages missing: {e}; threads blocked on them stay \
-                 blocked (the userfaultfd stays open): stop the VM",
-                p.remaining
-            ));
-            drop(p);
-            uffd.leak();
-            Err(e)
-        }
-    }
+    p.serve(link)?;
+    let summary = PostcopySummary {
+        pages: total,
+        faults: progress.faults_served.load(Ordering::Relaxed),
+        bytes: progress.bytes_pulled.load(Ordering::Relaxed),
+    };
+    drop(p);
+    blocked.take().expect("kept while running").completed();
+    Ok(summary)
 }
 
 impl Puller<'_> {
@@ -341,6 +402,7 @@ impl Puller<'_> {
                     .any(|p| p.block == block && (p.first..p.first + p.pages).contains(&page));
                 if !pulling && self.faulting.insert((block, page)) {
                     self.queued.push_back((block, page));
+                    self.fault_nearby(block, page);
                 }
             } else if test_bit(&self.announced[block], page) {
                 // Installed already: its install woke the waiters; wake late ones too.
@@ -390,29 +452,59 @@ impl Puller<'_> {
         Ok(())
     }
 
-    /// The next background read: the stale pages of the next aligned
-    /// `PULL_PAGES` window that has any, from its first to its last.
+    /// The next background read: the stale pages of a window around a
+    /// recent fault, else of the next aligned `PULL_PAGES` window after the
+    /// cursor that has any, from its first to its last.
     fn next_pull(&mut self) -> Option<Pull> {
+        while let Some((block, window)) = self.hot.pop_front() {
+            if let Some(pull) = self.window_pull(block, window) {
+                return Some(pull);
+            }
+        }
         while self.cursor.0 < self.blocks.len() {
             let (block, from) = self.cursor;
-            let b = &self.blocks[block];
-            let pages = b.length / PAGE;
-            match next_set(&b.stale, from, pages) {
+            let pages = self.blocks[block].length / PAGE;
+            match next_set(&self.blocks[block].stale, from, pages) {
                 None => self.cursor = (block + 1, 0),
                 Some(first) => {
-                    let end = ((first / PULL_PAGES + 1) * PULL_PAGES).min(pages);
-                    let mut last = first;
-                    let mut i = first + 1;
-                    while let Some(n) = next_set(&b.stale, i, end) {
-                        last = n;
-                        i = n + 1;
+                    let window = first / PULL_PAGES;
+                    self.cursor = (block, (window + 1) * PULL_PAGES);
+                    if let Some(pull) = self.window_pull(block, window) {
+                        return Some(pull);
                     }
-                    self.cursor = (block, end);
-                    return Some(Pull { block, first, pages: last + 1 - first });
                 }
             }
         }
         None
+    }
+
+    /// The read of window `window`'s stale pages, unless it has none or a
+    /// read of it is in flight already (which covers every page stale now:
+    /// pages only ever stop being stale).
+    fn window_pull(&self, block: usize, window: u64) -> Option<Pull> {
+        let b = &self.blocks[block];
+        let end = ((window + 1) * PULL_PAGES).min(b.length / PAGE);
+        let first = next_set(&b.stale, window * PULL_PAGES, end)?;
+        if self.pulls.iter().flatten().any(|p| p.block == block && p.first / PULL_PAGES == window) {
+            return None;
+        }
+        let mut last = first;
+        while let Some(n) = next_set(&b.stale, last + 1, end) {
+            last = n;
+        }
+        Some(Pull { block, first, pages: last + 1 - first })
+    }
+
+    /// Pull the rest of a fault's window and the next one soon.
+    fn fault_nearby(&mut self, block: usize, page: u64) {
+        let windows = (self.blocks[block].length / PAGE).div_ceil(PULL_PAGES);
+        let window = page / PULL_PAGES;
+        for w in [window + 1, window].into_iter().filter(|&w| w < windows) {
+            if self.hot.len() == HOT_WINDOWS {
+                self.hot.pop_back();
+            }
+            self.hot.push_front((block, w));
+        }
     }
 
     fn completed(&mut self, tag: u64) -> Result<()> {

@@ -12,30 +12,33 @@
 //! The destination's service thread takes the POSTCOPY message and becomes
 //! the post-copy thread (`destination`): the library opens a userfaultfd
 //! itself, registers the blocks with stale pages in MISSING mode and drops the
-//! stale pages (`MADV_DONTNEED`), so the next touch of one faults. Then the
+//! stale pages (`MADV_REMOVE` from shared memory, `MADV_DONTNEED` from private
+//! anonymous memory), so the next touch of one faults. Then the
 //! hypervisor's [`Destination::wait_postcopy`](crate::engine::Destination::wait_postcopy)
 //! returns and its vCPUs may run. The one thread serves faults first (a
 //! 4 KiB RDMA READ into a registered staging slot, then `UFFDIO_COPY`, which
 //! wakes the faulting threads) and pulls the rest in the background (reads
-//! of up to 64 KiB, a few in flight). `UFFDIO_COPY` never overwrites: a page
+//! of up to 64 KiB, a few in flight; the windows of recent faults and the
+//! ones after them first, then in address order). `UFFDIO_COPY` never overwrites: a page
 //! already present (a fault installed it, or the guest wrote it after its
 //! fault) makes it fail with EEXIST, and that page is skipped. When no stale
 //! page is left it closes the userfaultfd and answers POSTCOPY_DONE.
 //!
 //! Why the library registers the userfaultfd: it alone knows the stale set
-//! when the message arrives, and a VMM with private anonymous guest RAM
-//! (cloud-hypervisor-like, or a test) needs nothing else. Shared-memory
-//! backings (memfd, hugetlbfs) would need `fallocate(PUNCH_HOLE)` rather
-//! than `MADV_DONTNEED`, and QEMU hands over its own userfaultfd: neither is
-//! in this slice.
+//! when the message arrives, and a VMM whose own process maps guest RAM
+//! (cloud-hypervisor-like, anonymous or memfd; or a test) needs nothing
+//! else. Not supported: hugetlbfs (4 KiB installs), another process mapping
+//! the same memory (a vhost-user backend would need its own userfaultfd, as
+//! QEMU's postcopy arranges), and a VMM handing over its own userfaultfd.
 //!
 //! Failure: the post-copy thread stops, the connection's error is stored
 //! (`Destination::error`, its event fd becomes readable, `wait_postcopy`
 //! fails), and it never installs a page it did not read from the source.
-//! Threads blocked on a stale page stay blocked: closing the userfaultfd
-//! would let them run on zero-filled pages, so on failure it is left open
-//! (leaked) for the life of the process. The hypervisor must stop its VM;
-//! releasing them with SIGBUS (`UFFDIO_POISON`, Linux 6.6) is not done yet.
+//! Then the threads blocked on a stale page are released: the post-copy
+//! blocks become PROT_NONE and the waiters are woken, so they (and any later
+//! access) get SIGSEGV, which the hypervisor handles by pausing the vCPU
+//! (`destination::Blocked`). Closing the userfaultfd instead would let them
+//! run on zero-filled pages; SIGBUS through `UFFDIO_POISON` needs Linux 6.6.
 
 pub(crate) mod destination;
 pub(crate) mod source;
