@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 7
+#define RDMAMIG_VERSION_MINOR 8
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -39,20 +39,29 @@
 
 /**
  * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
- * `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: wait for ever
+ * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
+ * `rdmamig_conn_wait_postcopy`: wait for ever
  * (the meaning 0 always had).
  */
 #define RDMAMIG_WAIT_FOREVER 0
 
 /**
  * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
- * `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: do not wait.
+ * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
+ * `rdmamig_conn_wait_postcopy`: do not wait.
  * The call returns what is ready, or `RDMAMIG_ERR_WOULD_BLOCK` at once; for
  * an event loop, with `rdmamig_listener_event_fd` and
  * `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
  * a real wait of 49.7 days is not one anybody asks for.)
  */
 #define RDMAMIG_NO_WAIT UINT32_MAX
+
+/**
+ * The size of the first version of `rdmamig_postcopy_progress` (every field
+ * up to `bytes_pulled`), and the smallest `size` `rdmamig_conn_postcopy_progress`
+ * and `rdmamig_conn_wait_postcopy` accept.
+ */
+#define RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 48
 
 /**
  * The size of the first version of `rdmamig_stats` (every field up to
@@ -267,6 +276,39 @@ typedef uint32_t rdmamig_hint;
 #endif // __cplusplus
 
 /**
+ * Where a destination's post-copy is (`rdmamig_postcopy_progress.phase`,
+ * the `phase` of `rdmamig_conn_wait_postcopy`). The values are part of the
+ * ABI and only ever added to; they are ordered: a later phase has a larger
+ * value.
+ */
+enum rdmamig_postcopy_phase
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No post-copy yet: the source's POSTCOPY request has not arrived.
+   */
+  RDMAMIG_POSTCOPY_IDLE = 0,
+  /**
+   * The stale pages are dropped and faults on them are served: the vCPUs
+   * may run (not before).
+   */
+  RDMAMIG_POSTCOPY_RUNNING = 1,
+  /**
+   * Every stale page is in place (POSTCOPY_DONE sent to the source).
+   */
+  RDMAMIG_POSTCOPY_DONE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rdmamig_postcopy_phase rdmamig_postcopy_phase;
+#else
+typedef uint32_t rdmamig_postcopy_phase;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Settings for one side of a migration connection.
  *
  * Create with `rdmamig_config_new`, change with the `rdmamig_config_set_*`
@@ -299,6 +341,7 @@ typedef struct rdmamig_config rdmamig_config;
  * `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
  * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
  * `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
+ * `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
  * `rdmamig_conn_error_message`) may run at the same
  * time, from any threads. Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
@@ -376,6 +419,94 @@ typedef struct rdmamig_range {
  * call (copy it to keep it).
  */
 typedef void (*rdmamig_log_callback)(void *user_data, rdmamig_log_level level, const char *message);
+
+/**
+ * The stale pages of one RAM block, for `rdmamig_conn_postcopy`: bit
+ * `i % 64` of `bitmap[i / 64]` set means 4 KiB page `i` of block `block`
+ * is not right on the destination (dirtied since it was sent, or never
+ * sent). `bitmap` holds `bitmap_words` words, at least
+ * `(block length / 4096 + 63) / 64`; bits past the block's last page must be
+ * clear. Zero the struct first: `reserved` must be 0.
+ */
+typedef struct rdmamig_stale_pages {
+  /**
+   * The RAM block's index in the registry.
+   */
+  uint32_t block;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * The block's stale bitmap (4 KiB pages); read during the call only.
+   */
+  const uint64_t *bitmap;
+  /**
+   * The number of 64-bit words at `bitmap`.
+   */
+  size_t bitmap_words;
+} rdmamig_stale_pages;
+
+/**
+ * What the destination reports when post-copy is done
+ * (`rdmamig_conn_postcopy`).
+ */
+typedef struct rdmamig_postcopy_summary {
+  /**
+   * Stale pages installed (by faults or by the background pull).
+   */
+  uint64_t pages;
+  /**
+   * Faults served with an RDMA READ of their own.
+   */
+  uint64_t faults;
+  /**
+   * Bytes the destination read from the source.
+   */
+  uint64_t bytes;
+} rdmamig_postcopy_summary;
+
+/**
+ * A destination's post-copy progress, filled by
+ * `rdmamig_conn_postcopy_progress` and `rdmamig_conn_wait_postcopy`.
+ *
+ * As `rdmamig_stats`: zero it, set `size` to
+ * `sizeof(rdmamig_postcopy_progress)`; the library fills the fields that fit
+ * in `size` bytes and writes back the number of bytes it filled. The struct
+ * only grows, with fields added at the end.
+ */
+typedef struct rdmamig_postcopy_progress {
+  /**
+   * In: `sizeof(rdmamig_postcopy_progress)` as the caller knows it (at
+   * least `RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1`). Out: the bytes filled.
+   */
+  uint32_t size;
+  /**
+   * An `rdmamig_postcopy_phase` value.
+   */
+  uint32_t phase;
+  /**
+   * Stale pages the source announced.
+   */
+  uint64_t pages_total;
+  /**
+   * Stale pages not installed yet.
+   */
+  uint64_t pages_remaining;
+  /**
+   * Faults served with an RDMA READ of their own.
+   */
+  uint64_t faults_served;
+  /**
+   * Stale pages found present when they were to be installed (a vCPU's
+   * fault got there first): skipped, never overwritten.
+   */
+  uint64_t pages_skipped;
+  /**
+   * Bytes read from the source.
+   */
+  uint64_t bytes_pulled;
+} rdmamig_postcopy_progress;
 
 /**
  * A snapshot of a connection's counters, filled by `rdmamig_conn_get_stats`.
@@ -1281,6 +1412,106 @@ rdmamig_status rdmamig_listener_cancel(const struct rdmamig_listener *listener);
 rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
                                         void *user_data,
                                         uint32_t max_level);
+
+/**
+ * Source: switches the migration to post-copy (rdmamig destinations only)
+ * and returns once the destination holds every page.
+ *
+ * Call it after the last iteration window (`rdmamig_conn_iteration_end`)
+ * and the device state (`rdmamig_conn_put`), with the guest stopped:
+ * `blocks` (`n_blocks` entries, each block at most once; blocks not listed
+ * have no stale page) says which pages the destination does not have
+ * right. The call sends the stream bytes put so far, registers each block
+ * with stale pages whole for remote read (within the pin budget, see
+ * `rdmamig_config_set_pin_budget`), tells the destination, which pulls the
+ * pages itself with RDMA READs while its guest runs, and waits for its
+ * "done". Until the call returns the guest's memory must stay mapped and
+ * unchanged; then `rdmamig_conn_close` as usual. The bitmaps are copied
+ * before the call starts: they may be reused when it returns.
+ *
+ * Runs on the caller's thread, which blocks until the destination has
+ * every page (no time limit while the destination is alive: the liveness
+ * check ends it if the destination goes away); the library's transfer
+ * thread does the work, and the source's CPU serves no page.
+ * `rdmamig_conn_abort` from another thread ends it.
+ *
+ * `*out` (may be NULL) gets the destination's summary on `RDMAMIG_OK`.
+ * Returns `RDMAMIG_ERR_NULL_PARAMETER` (`blocks` NULL with `n_blocks > 0`, a
+ * NULL `bitmap` with `bitmap_words > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT`
+ * (an unknown block, a block listed twice, a bitmap too short or with bits
+ * past the block's end, a non-zero `reserved`, more than one control
+ * message of bitmaps: about 16 GiB of RAM); `RDMAMIG_ERR_STATE` (a
+ * destination, a QEMU destination (no extensions), inside an iteration
+ * window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
+ * connection's error (then the destination's guest is lost: see the
+ * README's post-copy section).
+ *
+ * Thread safety: needs exclusive use of `conn` (but `rdmamig_conn_abort`,
+ * `rdmamig_conn_get_stats` and the other `const` calls may run meanwhile).
+ */
+rdmamig_status rdmamig_conn_postcopy(struct rdmamig_conn *conn,
+                                     const struct rdmamig_stale_pages *blocks,
+                                     size_t n_blocks,
+                                     struct rdmamig_postcopy_summary *out);
+
+/**
+ * Destination: waits (at most `timeout_ms` milliseconds;
+ * `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all)
+ * until post-copy has reached `phase` (an `rdmamig_postcopy_phase` value)
+ * and fills `*out` (may be NULL; as `rdmamig_conn_postcopy_progress`) with
+ * the progress then.
+ *
+ * `RDMAMIG_POSTCOPY_RUNNING`: the source's request arrived, the library
+ * registered the guest RAM blocks with stale pages with a userfaultfd of
+ * its own (missing mode) and dropped the stale pages; start the vCPUs
+ * then, not before. From then on the library's thread of the connection
+ * serves the vCPUs' faults (an RDMA READ of the page, installed with
+ * `UFFDIO_COPY`, which wakes the faulting thread) and pulls the rest in the
+ * background; a page a vCPU wrote is never overwritten.
+ * `RDMAMIG_POSTCOPY_DONE`: every stale page is in place.
+ *
+ * Blocks the calling thread (any thread) on the connection's state; the
+ * phases do not make `rdmamig_conn_event_fd` readable (its failure does):
+ * an event loop polls with `RDMAMIG_NO_WAIT` or waits in a thread of its own.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
+ * `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT` when the phase is not
+ * reached yet; `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown `phase` or an
+ * `out->size` below `RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1`; `RDMAMIG_ERR_STATE`
+ * on a source, or when the connection ended without post-copy; or the
+ * connection's error. A failure during post-copy (the source lost, the
+ * liveness check) loses the guest: the library stops, never installs a page
+ * it did not read, and makes the guest RAM blocks with missing pages
+ * inaccessible (`PROT_NONE`), so a vCPU blocked on a missing page, or one
+ * touching guest RAM later, gets SIGSEGV at that address (under KVM,
+ * `KVM_RUN` fails with `EFAULT`) instead of blocking for ever; pages
+ * already present keep their content. Stop the vCPUs.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`,
+ * from any thread.
+ */
+rdmamig_status rdmamig_conn_wait_postcopy(const struct rdmamig_conn *conn,
+                                          uint32_t phase,
+                                          uint32_t timeout_ms,
+                                          struct rdmamig_postcopy_progress *out);
+
+/**
+ * Destination: fills `*out` with post-copy's progress now (see
+ * `rdmamig_postcopy_progress`: zero it and set `out->size` first): phase,
+ * stale pages left, faults served, bytes read from the source. Never
+ * blocks; may be called from any thread at any time (a monitoring thread,
+ * a progress display), also before post-copy (`RDMAMIG_POSTCOPY_IDLE`) and
+ * after it failed (the counters as they stopped).
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` for an `out->size` below
+ * `RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1` (nothing written); `RDMAMIG_ERR_STATE`
+ * on a source or after `rdmamig_conn_close`.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`.
+ */
+rdmamig_status rdmamig_conn_postcopy_progress(const struct rdmamig_conn *conn,
+                                              struct rdmamig_postcopy_progress *out);
 
 /**
  * A new, empty RAM registry.

@@ -8,11 +8,15 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rdmamig::doctor::human;
-use rdmamig::{Config, Destination, Ending, Listener, RamBlocks, Read, Source};
+use rdmamig::{
+    Config, Destination, Ending, Listener, PostcopyPhase, PostcopyProgress, RamBlocks, Read, Source, StalePages,
+};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -312,6 +316,8 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
     let stop = AtomicBool::new(false);
     let changed = AtomicU64::new(0);
     let mut rounds = Vec::new();
+    // Post-copy: the pages dirtied since they were last sent, once the guest stopped.
+    let mut stale = None;
     let (final_secs, final_pages) = std::thread::scope(|s| -> Result<(f64, u64), String> {
         let guest = (args.dirty_rate > 0)
             .then(|| s.spawn(|| dirtier(&ram, &dirty, args.dirty_rate, args.seed, &stop, &changed)));
@@ -327,7 +333,11 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
             rounds.push(v);
             loop {
                 let waiting = dirty.count();
-                if waiting <= args.final_pages || round + 1 >= args.max_rounds {
+                let last = match args.postcopy_after {
+                    Some(n) => round >= n,
+                    None => waiting <= args.final_pages || round + 1 >= args.max_rounds,
+                };
+                if last {
                     return Ok(());
                 }
                 round += 1;
@@ -343,18 +353,39 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
         stop_guest();
         r?;
         let bitmap = dirty.take();
+        if args.postcopy_after.is_some() {
+            let n = bitmap.iter().map(|w| u64::from(w.count_ones())).sum();
+            stale = Some(bitmap);
+            return Ok((0.0, n));
+        }
         let n = bitmap.iter().map(|w| u64::from(w.count_ones())).sum();
         rounds.push(run_round(&mut source, &dirty, show, round + 1, true, n, |src| {
             src.save_bitmap(0, &bitmap, 0, pages, PAGE)
         })?);
         Ok((stopped.elapsed().as_secs_f64(), n))
     })?;
-    let total_secs = start.elapsed().as_secs_f64();
-    let stats = source.stats();
-
     // The guest is stopped: its RAM is final.
+    let mut total_secs = start.elapsed().as_secs_f64();
     let digest = ram.sha256();
-    let end = source.put(format!("sha256 {digest}\n").as_bytes()).and_then(|()| source.close());
+    let mut postcopy = Value::Null;
+    let sent = source.put(format!("sha256 {digest}\n").as_bytes()).and_then(|()| {
+        let Some(bitmap) = stale.take() else { return Ok(()) };
+        if show {
+            eprintln!("post-copy: the destination pulls {final_pages} stale pages");
+        }
+        let started = Instant::now();
+        let summary = source.postcopy(&[StalePages { block: 0, bitmap }])?;
+        total_secs = start.elapsed().as_secs_f64();
+        postcopy = json!({
+            "pages": summary.pages,
+            "faults_served": summary.faults,
+            "bytes_pulled": summary.bytes,
+            "seconds": started.elapsed().as_secs_f64(),
+        });
+        Ok(())
+    });
+    let stats = source.stats();
+    let end = sent.and_then(|()| source.close());
     let (ending, error) = match end {
         Ok(Ending::Completed) => ("completed", None),
         Ok(Ending::Unverified) => ("unverified", None),
@@ -377,8 +408,11 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
         "pages_dirtied": changed.load(Ordering::Relaxed),
         "connect_seconds": connect_secs,
         "total_seconds": total_secs,
-        "final_round_seconds": final_secs,
-        "final_round_pages": final_pages,
+        "final_round_seconds": args.postcopy_after.is_none().then_some(final_secs),
+        "final_round_pages": args.postcopy_after.is_none().then_some(final_pages),
+        "postcopy_after": args.postcopy_after,
+        "postcopy_stale_pages": args.postcopy_after.is_some().then_some(final_pages),
+        "postcopy": postcopy,
         "bytes_written": stats.bytes_written,
         "gbit_per_s": gbits(stats.bytes_written, total_secs),
         "zero_chunks": stats.zero_chunks,
@@ -397,7 +431,8 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
 
 fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, bool), String> {
     let (host, port) = split_addr(listen)?;
-    let ram = Ram::new(args.size)?;
+    // Shared with the vCPU threads, which may outlive a failed post-copy (blocked on a page).
+    let ram = Arc::new(Ram::new(args.size)?);
     let registry = ram.registry()?;
     // Allows pin-all; the source decides.
     let config = Config { pin_all: true, extensions: !args.qemu_compat, ..Config::default() };
@@ -410,22 +445,60 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
 
     let spinner = if show { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
     spinner.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("a valid template"));
-    let (stream, ending) = std::thread::scope(|s| {
+    let mut vcpus = Vcpus::new(ram.clone(), args.vcpus);
+    let mut postcopy_bar: Option<ProgressBar> = None;
+    let (stream, ending, vcpus, postcopy_time) = std::thread::scope(|s| {
         let reader = s.spawn(|| read_stream(&dest));
+        // The hypervisor's part: the vCPUs run from the moment post-copy does
+        // (never before), and stop once every page is in (this program's choice).
+        let dest = &dest;
+        let pilot = s.spawn(move || {
+            dest.wait_postcopy(PostcopyPhase::Running, None).ok()?;
+            let started = Instant::now();
+            vcpus.start();
+            let done = dest.wait_postcopy(PostcopyPhase::Done, None);
+            vcpus.stop.store(true, Ordering::Relaxed);
+            Some((vcpus, done.ok().map(|_| started.elapsed().as_secs_f64())))
+        });
         while !reader.is_finished() {
-            let st = dest.stats();
-            spinner.set_message(format!(
-                "receiving: {} windows done, {} registered, {} pinned",
-                dest.iterations(),
-                st.chunks_registered,
-                human(st.pinned_bytes)
-            ));
-            spinner.tick();
+            let pc = dest.postcopy_progress();
+            if pc.phase == PostcopyPhase::Idle {
+                let st = dest.stats();
+                spinner.set_message(format!(
+                    "receiving: {} windows done, {} registered, {} pinned",
+                    dest.iterations(),
+                    st.chunks_registered,
+                    human(st.pinned_bytes)
+                ));
+                spinner.tick();
+            } else {
+                let bar = postcopy_bar.get_or_insert_with(|| {
+                    spinner.finish_and_clear();
+                    postcopy_bar_for(show, pc.pages_total)
+                });
+                update_postcopy_bar(bar, &pc);
+            }
             std::thread::sleep(TICK);
         }
-        reader.join().expect("the stream reader does not panic")
+        let (stream, ending) = reader.join().expect("the stream reader does not panic");
+        // The pilot ends with the connection (wait_postcopy fails once it has ended).
+        match pilot.join().expect("the vCPU pilot does not panic") {
+            Some((vcpus, secs)) => (stream, ending, Some(vcpus), secs),
+            None => (stream, ending, None, None),
+        }
     });
     spinner.finish_and_clear();
+    let postcopy = dest.postcopy_progress();
+    let vcpus = vcpus.map(|mut v| {
+        if postcopy.phase == PostcopyPhase::Done {
+            v.join();
+        }
+        v
+    });
+    if let Some(bar) = postcopy_bar {
+        update_postcopy_bar(&bar, &postcopy);
+        bar.finish();
+    }
     let secs = start.elapsed().as_secs_f64();
     let stats = dest.stats();
     let windows = dest.iterations();
@@ -444,6 +517,10 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     if error.is_none() && !hello.starts_with(HELLO) {
         error = Some(format!("the stream does not start with {HELLO:?}: {hello:?}"));
     }
+    if error.is_none() && postcopy.phase == PostcopyPhase::Running {
+        error = Some("the connection ended with post-copy unfinished".into());
+    }
+    // Only with every page present (a failed post-copy leaves some missing).
     let digest = error.is_none().then(|| ram.sha256());
     let identical = matches!((&digest, &expected), (Some(d), Some(e)) if d == e);
     if error.is_none() && !identical {
@@ -466,6 +543,17 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
         "registration_round_trips": stats.registration_round_trips,
         "pinned_bytes_peak": stats.pinned_bytes_peak,
         "stream_bytes": stats.stream_bytes,
+        "postcopy": (postcopy.phase != PostcopyPhase::Idle).then(|| json!({
+            "pages": postcopy.pages_total - postcopy.pages_remaining,
+            "stale_pages": postcopy.pages_total,
+            "pages_remaining": postcopy.pages_remaining,
+            "faults_served": postcopy.faults_served,
+            "pages_skipped": postcopy.pages_skipped,
+            "bytes_pulled": postcopy.bytes_pulled,
+            "seconds": postcopy_time,
+            "vcpus": args.vcpus,
+            "vcpu_reads": vcpus.as_ref().map_or(0, Vcpus::reads),
+        })),
         "sha256_expected": expected,
         "sha256": digest,
         "identical": identical,
@@ -474,6 +562,88 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     });
     let ok = value["error"].is_null();
     Ok((value, ok))
+}
+
+/// The destination's "vCPUs": threads that read one word of a random guest
+/// page at a time while post-copy runs (a stale page faults and waits for
+/// its RDMA READ). Reads only, so the guest's memory stays the source's.
+struct Vcpus {
+    ram: Arc<Ram>,
+    count: u32,
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicU64>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Vcpus {
+    fn new(ram: Arc<Ram>, count: u32) -> Self {
+        let (stop, reads) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        Vcpus { ram, count, stop, reads, threads: Vec::new() }
+    }
+
+    fn start(&mut self) {
+        for i in 0..self.count {
+            let (ram, stop, reads) = (self.ram.clone(), self.stop.clone(), self.reads.clone());
+            let spawned = std::thread::Builder::new().name(format!("vcpu{i}")).spawn(move || {
+                let mut rng = 0x5eed_0000 + u64::from(i);
+                let pages = ram.pages();
+                let mut sum = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let page = splitmix64(&mut rng) % pages;
+                    let word = splitmix64(&mut rng) % (PAGE / 8);
+                    // SAFETY: inside the mapping; volatile: the read must happen (and fault).
+                    sum = sum.wrapping_add(unsafe {
+                        (ram.ptr.add((page * PAGE + word * 8) as usize) as *const u64).read_volatile()
+                    });
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+                std::hint::black_box(sum);
+            });
+            // Fewer vCPUs if the system will not give us a thread.
+            if let Ok(t) = spawned {
+                self.threads.push(t);
+            }
+        }
+    }
+
+    /// Only once post-copy is done: a vCPU blocked on a page that never came cannot be joined.
+    fn join(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Vcpus {
+    /// Threads not joined (post-copy failed) stop at their next read, unless blocked on it.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn postcopy_bar_for(show: bool, pages: u64) -> ProgressBar {
+    let target = if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let bar = ProgressBar::with_draw_target(Some(pages), target);
+    let style =
+        ProgressStyle::with_template("post-copy [{bar:32}] {msg}").expect("a valid template").progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}
+
+/// The bar fills as pages arrive; the message says how many remain.
+fn update_postcopy_bar(bar: &ProgressBar, pc: &PostcopyProgress) {
+    bar.set_position(pc.pages_total.saturating_sub(pc.pages_remaining));
+    bar.set_message(format!(
+        "{:>8} pages remaining, {} faults served, {} pulled",
+        pc.pages_remaining,
+        pc.faults_served,
+        human(pc.bytes_pulled)
+    ));
 }
 
 /// Every stream byte, and how the connection ended.
@@ -519,11 +689,15 @@ fn print_summary(v: &Value) {
             );
             println!("  bytes written      {} ({})", int("bytes_written"), human(int("bytes_written")));
             println!("  throughput         {:.2} Gbit/s", num("gbit_per_s"));
-            println!(
-                "  final round        {:.1} ms ({} pages, guest stopped)",
-                num("final_round_seconds") * 1e3,
-                int("final_round_pages")
-            );
+            if v["postcopy_after"].is_null() {
+                println!(
+                    "  final round        {:.1} ms ({} pages, guest stopped)",
+                    num("final_round_seconds") * 1e3,
+                    int("final_round_pages")
+                );
+            } else {
+                print_postcopy(&v["postcopy"], int("postcopy_stale_pages"));
+            }
             println!("  zero chunks        {}", int("zero_chunks"));
             println!("  registration RTTs  {}", int("registration_round_trips"));
             println!("  pinned peak        {}", human(int("pinned_bytes_peak")));
@@ -536,6 +710,15 @@ fn print_summary(v: &Value) {
             println!("  windows            {} in {:.3} s", int("windows"), num("seconds"));
             println!("  chunks registered  {}, zero chunks {}", int("chunks_registered"), int("zero_chunks"));
             println!("  pinned peak        {}", human(int("pinned_bytes_peak")));
+            let pc = &v["postcopy"];
+            if !pc.is_null() {
+                print_postcopy(pc, pc["stale_pages"].as_u64().unwrap_or(0));
+                println!(
+                    "  vCPU reads         {} by {} threads while post-copy ran",
+                    pc["vcpu_reads"].as_u64().unwrap_or(0),
+                    pc["vcpus"].as_u64().unwrap_or(0)
+                );
+            }
             println!("  sha256             {}", v["sha256"].as_str().unwrap_or("-"));
             println!("  source's sha256    {}", v["sha256_expected"].as_str().unwrap_or("-"));
             println!("  byte-identical     {}", if v["identical"].as_bool() == Some(true) { "yes" } else { "NO" });
@@ -545,6 +728,18 @@ fn print_summary(v: &Value) {
     }
     if let Some(e) = err {
         eprintln!("rdmamig bench: {e}");
+    }
+}
+
+/// The post-copy lines of either side's summary (`pc`: its "postcopy" object, null if it did not finish).
+fn print_postcopy(pc: &Value, stale: u64) {
+    let int = |k: &str| pc[k].as_u64().unwrap_or(0);
+    println!("  post-copy pages    {} ({} stale)", int("pages"), stale);
+    println!("  faults served      {}", int("faults_served"));
+    println!("  bytes pulled       {} ({})", int("bytes_pulled"), human(int("bytes_pulled")));
+    match pc["seconds"].as_f64() {
+        Some(secs) => println!("  post-copy time     {:.3} s", secs),
+        None => println!("  post-copy time     -"),
     }
 }
 

@@ -93,6 +93,12 @@ struct DoctorArgs {
 /// stderr, when it is a terminal) shows bytes, Gbit/s and the dirty pages
 /// waiting; the summary gives total time, rounds, bytes, Gbit/s, the final
 /// round's time, zero chunks, registration round trips and the pinned peak.
+///
+/// With --postcopy-after N the source runs exactly N rounds, then stops the
+/// guest and switches to post-copy instead of a final round: the destination
+/// pulls the stale pages itself with RDMA READs while --vcpus threads read
+/// random guest pages (a progress bar shows the pages remaining); both
+/// summaries add the post-copy pages, faults served, bytes pulled and time.
 #[derive(Args, Debug)]
 #[command(after_help = "Exit status: 0 the migration completed (destination: and the memory is byte-identical), \
                         1 it failed, 2 usage error.\n\n\
@@ -101,7 +107,7 @@ struct DoctorArgs {
 struct BenchArgs {
     /// Destination: listen on ADDR[:PORT] (an IPv4/IPv6 address or host name of an RDMA
     /// device; IPv6 in brackets with a port; PORT 0 picks a free one) and receive one migration.
-    #[arg(long, value_name = "ADDR[:PORT]", conflicts_with_all = ["dest", "dirty_rate", "pin_all", "seed", "max_rounds", "final_pages"])]
+    #[arg(long, value_name = "ADDR[:PORT]", conflicts_with_all = ["dest", "dirty_rate", "pin_all", "seed", "max_rounds", "final_pages", "postcopy_after"])]
     listen: Option<String>,
     /// Source: the destination's ADDR[:PORT] to migrate to.
     #[arg(value_name = "ADDR[:PORT]", required_unless_present = "listen")]
@@ -130,6 +136,18 @@ struct BenchArgs {
     /// Source: stop the guest for the final round once at most N pages are dirty.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     final_pages: u64,
+    /// Source: switch to post-copy after N pre-copy rounds (round 1 sends every page; the
+    /// dirtier runs through all N): the guest stops, the SHA-256 goes out as the device
+    /// state, and the destination pulls the pages changed since they were sent with RDMA
+    /// READs while its vCPU threads run (rdmamig destinations only). Replaces the final round.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..),
+          conflicts_with_all = ["qemu_compat", "max_rounds", "final_pages"])]
+    postcopy_after: Option<u32>,
+    /// Destination: threads that read random guest pages as vCPUs would, from the moment
+    /// post-copy runs until it is done (reads only: the SHA-256 compares the source's
+    /// final memory). Used only when the source switches to post-copy.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    vcpus: u32,
     /// Print one JSON object on stdout instead of the progress bars and summary.
     #[arg(long)]
     json: bool,

@@ -130,6 +130,48 @@ fn bench_migrates_byte_identical_in_every_mode() {
     assert_eq!((sc, dc), (Some(0), Some(0)));
 }
 
+/// `--postcopy-after 2`: two pre-copy rounds while the guest is dirtied,
+/// then post-copy of the pages dirtied since they were sent, with the
+/// destination's vCPU threads reading guest pages meanwhile; byte-identical.
+#[test]
+fn bench_postcopy_pulls_the_stale_pages_byte_identical() {
+    const SIZE: u64 = 64 << 20;
+    let ((s, sc), (d, dc)) = migrate(
+        &["--size", "64M", "--dirty-rate", "4000", "--postcopy-after", "2"],
+        &["--size", "64M", "--vcpus", "3"],
+    );
+    assert_eq!(s["error"], Value::Null, "{s}");
+    assert_eq!(d["error"], Value::Null, "{d}");
+    assert_eq!((s["ending"].as_str(), d["ending"].as_str()), (Some("completed"), Some("completed")));
+    assert_eq!((sc, dc), (Some(0), Some(0)));
+    // Exactly two pre-copy rounds, no final round.
+    assert_eq!(s["postcopy_after"], 2);
+    let rounds = s["round_details"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2);
+    assert!(rounds.iter().all(|r| r["final"] == false));
+    assert_eq!(rounds[0]["pages"], SIZE / 4096, "round 1 sends every page");
+    assert_eq!(d["windows"], 2);
+    assert_eq!(s["final_round_pages"], Value::Null);
+    // Post-copy: the pages dirtied during round 2 (the dirtier ran through it), all pulled.
+    let stale = s["postcopy_stale_pages"].as_u64().unwrap();
+    assert!(stale > 0, "the guest was dirtied during round 2: {s}");
+    let (sp, dp) = (&s["postcopy"], &d["postcopy"]);
+    assert_eq!(sp["pages"], stale);
+    assert_eq!((dp["stale_pages"].as_u64(), dp["pages"].as_u64()), (Some(stale), Some(stale)));
+    assert_eq!(dp["pages_remaining"], 0);
+    assert_eq!(sp["faults_served"], dp["faults_served"]);
+    assert_eq!(sp["bytes_pulled"], dp["bytes_pulled"]);
+    let skipped = dp["pages_skipped"].as_u64().unwrap();
+    assert!(sp["bytes_pulled"].as_u64().unwrap() >= (stale - skipped) * 4096, "{sp}");
+    assert!(sp["seconds"].as_f64().unwrap() > 0.0 && dp["seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(dp["vcpus"], 3);
+    assert!(dp["vcpu_reads"].as_u64().unwrap() > 0, "the vCPUs ran during post-copy: {dp}");
+    // Byte-identical: the vCPUs only read.
+    let sha = s["sha256"].as_str().unwrap();
+    assert_eq!((d["sha256_expected"].as_str(), d["sha256"].as_str()), (Some(sha), Some(sha)));
+    assert_eq!(d["identical"], true);
+}
+
 #[test]
 fn bench_fails_cleanly_when_the_sizes_differ() {
     let ((s, sc), (d, dc)) = migrate(&["--size", "8M"], &["--size", "16M"]);

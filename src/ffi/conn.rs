@@ -34,6 +34,7 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
 /// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
 /// `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
+/// `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
 /// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else

@@ -12,12 +12,14 @@ use super::listener::rdmamig_listener;
 use super::status::rdmamig_status;
 
 /// `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
-/// `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: wait for ever
+/// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
+/// `rdmamig_conn_wait_postcopy`: wait for ever
 /// (the meaning 0 always had).
 pub const RDMAMIG_WAIT_FOREVER: u32 = 0;
 
 /// `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
-/// `rdmamig_conn_wait_iteration` and `rdmamig_conn_wait_end`: do not wait.
+/// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
+/// `rdmamig_conn_wait_postcopy`: do not wait.
 /// The call returns what is ready, or `RDMAMIG_ERR_WOULD_BLOCK` at once; for
 /// an event loop, with `rdmamig_listener_event_fd` and
 /// `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and

@@ -40,6 +40,7 @@ pub mod device;
 pub mod event;
 pub mod listener;
 pub mod log;
+pub mod postcopy;
 pub mod ram;
 pub mod stats;
 pub mod stream;

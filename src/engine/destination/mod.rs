@@ -198,8 +198,9 @@ impl Destination {
     /// pages are dropped and faults on them are served, so the vCPUs may run
     /// (not before); [`PostcopyPhase::Done`]: every stale page is in place.
     /// Fails with the connection's error if it ends first, or with
-    /// `Timeout`. After a failure in post-copy the post-copy blocks are
-    /// PROT_NONE and threads blocked on them get SIGSEGV (the README's
+    /// `Timeout`; `Duration::ZERO` never waits (`WouldBlock` while the phase
+    /// is not reached). After a failure in post-copy the post-copy blocks
+    /// are PROT_NONE and threads blocked on them get SIGSEGV (the README's
     /// post-copy failure semantics): stop the VM. Any thread.
     pub fn wait_postcopy(&self, phase: PostcopyPhase, timeout: Option<Duration>) -> Result<PostcopyProgress> {
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -217,6 +218,9 @@ impl Destination {
                 None => {}
             }
             let wait = deadline.map_or(Duration::from_millis(100), |d| d.saturating_duration_since(Instant::now()));
+            if timeout == Some(Duration::ZERO) {
+                return Err(Error::new(ErrorKind::WouldBlock, format!("post-copy has not reached {phase:?} yet")));
+            }
             if wait.is_zero() {
                 return Err(Error::new(ErrorKind::Timeout, format!("post-copy did not reach {phase:?} in time")));
             }

@@ -1,0 +1,416 @@
+//! Post-copy over RDMA READ (rdmamig peers only): the source's switch-over
+//! (`rdmamig_conn_postcopy`) and the destination's waits and progress
+//! (`rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`). The
+//! logic is the engine's (`Source::postcopy`, `Destination::wait_postcopy`).
+
+use std::mem::{offset_of, size_of};
+use std::ptr::{addr_of, addr_of_mut};
+
+use super::conn::{rdmamig_conn, run, run_mut};
+use super::event::wait_of;
+use super::last_error::{items, opt_out, Failure};
+use super::status::rdmamig_status;
+use crate::engine::{PostcopyPhase, PostcopyProgress, StalePages};
+
+/// Where a destination's post-copy is (`rdmamig_postcopy_progress.phase`,
+/// the `phase` of `rdmamig_conn_wait_postcopy`). The values are part of the
+/// ABI and only ever added to; they are ordered: a later phase has a larger
+/// value.
+//
+// The one list of the phases in the C API: the engine's `PostcopyPhase`
+// converts to it with an exhaustive match (`phase_of`), and the C values
+// come from it (cbindgen).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum rdmamig_postcopy_phase {
+    /// No post-copy yet: the source's POSTCOPY request has not arrived.
+    RDMAMIG_POSTCOPY_IDLE = 0,
+    /// The stale pages are dropped and faults on them are served: the vCPUs
+    /// may run (not before).
+    RDMAMIG_POSTCOPY_RUNNING = 1,
+    /// Every stale page is in place (POSTCOPY_DONE sent to the source).
+    RDMAMIG_POSTCOPY_DONE = 2,
+}
+
+impl rdmamig_postcopy_phase {
+    /// Every value, in numeric order.
+    pub(crate) const ALL: [rdmamig_postcopy_phase; 3] = {
+        use rdmamig_postcopy_phase::*;
+        [RDMAMIG_POSTCOPY_IDLE, RDMAMIG_POSTCOPY_RUNNING, RDMAMIG_POSTCOPY_DONE]
+    };
+
+    /// The engine's phase for a C value (`None`: not a phase). A value from C
+    /// goes through this (an out-of-range enum value is UB in Rust).
+    fn engine(v: u32) -> Option<PostcopyPhase> {
+        Self::ALL.iter().find(|p| **p as u32 == v).map(|p| match p {
+            Self::RDMAMIG_POSTCOPY_IDLE => PostcopyPhase::Idle,
+            Self::RDMAMIG_POSTCOPY_RUNNING => PostcopyPhase::Running,
+            Self::RDMAMIG_POSTCOPY_DONE => PostcopyPhase::Done,
+        })
+    }
+}
+
+/// The C value of an engine phase.
+fn phase_of(p: PostcopyPhase) -> rdmamig_postcopy_phase {
+    match p {
+        PostcopyPhase::Idle => rdmamig_postcopy_phase::RDMAMIG_POSTCOPY_IDLE,
+        PostcopyPhase::Running => rdmamig_postcopy_phase::RDMAMIG_POSTCOPY_RUNNING,
+        PostcopyPhase::Done => rdmamig_postcopy_phase::RDMAMIG_POSTCOPY_DONE,
+    }
+}
+
+/// The stale pages of one RAM block, for `rdmamig_conn_postcopy`: bit
+/// `i % 64` of `bitmap[i / 64]` set means 4 KiB page `i` of block `block`
+/// is not right on the destination (dirtied since it was sent, or never
+/// sent). `bitmap` holds `bitmap_words` words, at least
+/// `(block length / 4096 + 63) / 64`; bits past the block's last page must be
+/// clear. Zero the struct first: `reserved` must be 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct rdmamig_stale_pages {
+    /// The RAM block's index in the registry.
+    pub block: u32,
+    /// Must be 0.
+    pub reserved: u32,
+    /// The block's stale bitmap (4 KiB pages); read during the call only.
+    pub bitmap: *const u64,
+    /// The number of 64-bit words at `bitmap`.
+    pub bitmap_words: usize,
+}
+
+/// What the destination reports when post-copy is done
+/// (`rdmamig_conn_postcopy`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct rdmamig_postcopy_summary {
+    /// Stale pages installed (by faults or by the background pull).
+    pub pages: u64,
+    /// Faults served with an RDMA READ of their own.
+    pub faults: u64,
+    /// Bytes the destination read from the source.
+    pub bytes: u64,
+}
+
+/// The size of the first version of `rdmamig_postcopy_progress` (every field
+/// up to `bytes_pulled`), and the smallest `size` `rdmamig_conn_postcopy_progress`
+/// and `rdmamig_conn_wait_postcopy` accept.
+pub const RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1: u32 = 48;
+
+/// A destination's post-copy progress, filled by
+/// `rdmamig_conn_postcopy_progress` and `rdmamig_conn_wait_postcopy`.
+///
+/// As `rdmamig_stats`: zero it, set `size` to
+/// `sizeof(rdmamig_postcopy_progress)`; the library fills the fields that fit
+/// in `size` bytes and writes back the number of bytes it filled. The struct
+/// only grows, with fields added at the end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct rdmamig_postcopy_progress {
+    /// In: `sizeof(rdmamig_postcopy_progress)` as the caller knows it (at
+    /// least `RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1`). Out: the bytes filled.
+    pub size: u32,
+    /// An `rdmamig_postcopy_phase` value.
+    pub phase: u32,
+    /// Stale pages the source announced.
+    pub pages_total: u64,
+    /// Stale pages not installed yet.
+    pub pages_remaining: u64,
+    /// Faults served with an RDMA READ of their own.
+    pub faults_served: u64,
+    /// Stale pages found present when they were to be installed (a vCPU's
+    /// fault got there first): skipped, never overwritten.
+    pub pages_skipped: u64,
+    /// Bytes read from the source.
+    pub bytes_pulled: u64,
+}
+
+const _: () = assert!(size_of::<rdmamig_postcopy_progress>() == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 as usize);
+const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
+
+/// Source: switches the migration to post-copy (rdmamig destinations only)
+/// and returns once the destination holds every page.
+///
+/// Call it after the last iteration window (`rdmamig_conn_iteration_end`)
+/// and the device state (`rdmamig_conn_put`), with the guest stopped:
+/// `blocks` (`n_blocks` entries, each block at most once; blocks not listed
+/// have no stale page) says which pages the destination does not have
+/// right. The call sends the stream bytes put so far, registers each block
+/// with stale pages whole for remote read (within the pin budget, see
+/// `rdmamig_config_set_pin_budget`), tells the destination, which pulls the
+/// pages itself with RDMA READs while its guest runs, and waits for its
+/// "done". Until the call returns the guest's memory must stay mapped and
+/// unchanged; then `rdmamig_conn_close` as usual. The bitmaps are copied
+/// before the call starts: they may be reused when it returns.
+///
+/// Runs on the caller's thread, which blocks until the destination has
+/// every page (no time limit while the destination is alive: the liveness
+/// check ends it if the destination goes away); the library's transfer
+/// thread does the work, and the source's CPU serves no page.
+/// `rdmamig_conn_abort` from another thread ends it.
+///
+/// `*out` (may be NULL) gets the destination's summary on `RDMAMIG_OK`.
+/// Returns `RDMAMIG_ERR_NULL_PARAMETER` (`blocks` NULL with `n_blocks > 0`, a
+/// NULL `bitmap` with `bitmap_words > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT`
+/// (an unknown block, a block listed twice, a bitmap too short or with bits
+/// past the block's end, a non-zero `reserved`, more than one control
+/// message of bitmaps: about 16 GiB of RAM); `RDMAMIG_ERR_STATE` (a
+/// destination, a QEMU destination (no extensions), inside an iteration
+/// window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
+/// connection's error (then the destination's guest is lost: see the
+/// README's post-copy section).
+///
+/// Thread safety: needs exclusive use of `conn` (but `rdmamig_conn_abort`,
+/// `rdmamig_conn_get_stats` and the other `const` calls may run meanwhile).
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_postcopy(
+    conn: *mut rdmamig_conn,
+    blocks: *const rdmamig_stale_pages,
+    n_blocks: usize,
+    out: *mut rdmamig_postcopy_summary,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_postcopy";
+        run_mut(conn, F, |c| {
+            let blocks = items(blocks, n_blocks, F, "blocks")?;
+            let mut stale = Vec::with_capacity(blocks.len());
+            for (i, b) in blocks.iter().enumerate() {
+                if b.reserved != 0 {
+                    return Err(Failure::invalid(format!("{F}: blocks[{i}].reserved is not 0")));
+                }
+                let bitmap = items(b.bitmap, b.bitmap_words, F, &format!("blocks[{i}].bitmap"))?;
+                stale.push(StalePages { block: b.block, bitmap: bitmap.to_vec() });
+            }
+            let summary = c.as_source_mut(F)?.postcopy(&stale)?;
+            if let Some(o) = opt_out(out) {
+                *o = rdmamig_postcopy_summary { pages: summary.pages, faults: summary.faults, bytes: summary.bytes };
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Destination: waits (at most `timeout_ms` milliseconds;
+/// `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all)
+/// until post-copy has reached `phase` (an `rdmamig_postcopy_phase` value)
+/// and fills `*out` (may be NULL; as `rdmamig_conn_postcopy_progress`) with
+/// the progress then.
+///
+/// `RDMAMIG_POSTCOPY_RUNNING`: the source's request arrived, the library
+/// registered the guest RAM blocks with stale pages with a userfaultfd of
+/// its own (missing mode) and dropped the stale pages; start the vCPUs
+/// then, not before. From then on the library's thread of the connection
+/// serves the vCPUs' faults (an RDMA READ of the page, installed with
+/// `UFFDIO_COPY`, which wakes the faulting thread) and pulls the rest in the
+/// background; a page a vCPU wrote is never overwritten.
+/// `RDMAMIG_POSTCOPY_DONE`: every stale page is in place.
+///
+/// Blocks the calling thread (any thread) on the connection's state; the
+/// phases do not make `rdmamig_conn_event_fd` readable (its failure does):
+/// an event loop polls with `RDMAMIG_NO_WAIT` or waits in a thread of its own.
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_TIMEOUT` when the wait ran out,
+/// `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT` when the phase is not
+/// reached yet; `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown `phase` or an
+/// `out->size` below `RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1`; `RDMAMIG_ERR_STATE`
+/// on a source, or when the connection ended without post-copy; or the
+/// connection's error. A failure during post-copy (the source lost, the
+/// liveness check) loses the guest: the library stops, never installs a page
+/// it did not read, and makes the guest RAM blocks with missing pages
+/// inaccessible (`PROT_NONE`), so a vCPU blocked on a missing page, or one
+/// touching guest RAM later, gets SIGSEGV at that address (under KVM,
+/// `KVM_RUN` fails with `EFAULT`) instead of blocking for ever; pages
+/// already present keep their content. Stop the vCPUs.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`,
+/// from any thread.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_wait_postcopy(
+    conn: *const rdmamig_conn,
+    phase: u32,
+    timeout_ms: u32,
+    out: *mut rdmamig_postcopy_progress,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_wait_postcopy";
+        run(conn, F, |c| {
+            let size = out_size(out, F)?;
+            let Some(phase) = rdmamig_postcopy_phase::engine(phase) else {
+                return Err(Failure::invalid(format!("{F}: unknown phase {phase}")));
+            };
+            let progress = c.as_destination(F)?.wait_postcopy(phase, wait_of(timeout_ms))?;
+            if let Some(size) = size {
+                // SAFETY: `out_size` checked `out` is non-NULL with at least `size` bytes.
+                unsafe { fill(out, size, &progress) };
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Destination: fills `*out` with post-copy's progress now (see
+/// `rdmamig_postcopy_progress`: zero it and set `out->size` first): phase,
+/// stale pages left, faults served, bytes read from the source. Never
+/// blocks; may be called from any thread at any time (a monitoring thread,
+/// a progress display), also before post-copy (`RDMAMIG_POSTCOPY_IDLE`) and
+/// after it failed (the counters as they stopped).
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` for an `out->size` below
+/// `RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1` (nothing written); `RDMAMIG_ERR_STATE`
+/// on a source or after `rdmamig_conn_close`.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_postcopy_progress(
+    conn: *const rdmamig_conn,
+    out: *mut rdmamig_postcopy_progress,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_postcopy_progress";
+        run(conn, F, |c| {
+            let size = out_size(out, F)?.ok_or_else(|| Failure::null(F, "out"))?;
+            let progress = c.as_destination(F)?.postcopy_progress();
+            // SAFETY: `out_size` checked `out` is non-NULL with at least `size` bytes.
+            unsafe { fill(out, size, &progress) };
+            Ok(())
+        })
+    }
+}
+
+/// `out->size` (`None` for a NULL `out`), checked to be at least version 1's.
+fn out_size(out: *mut rdmamig_postcopy_progress, func: &str) -> Result<Option<u32>, Failure> {
+    if out.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: `out` points to a caller's struct whose first field is `size`.
+    let size = unsafe { addr_of!((*out).size).read() };
+    if size < RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 {
+        return Err(Failure::invalid(format!(
+            "{func}: out->size is {size}, less than RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 \
+             ({RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1}); set it to sizeof(rdmamig_postcopy_progress)"
+        )));
+    }
+    Ok(Some(size))
+}
+
+/// Writes the fields of `p` that end within `size` bytes of `out`, then
+/// `out->size` = the bytes filled.
+///
+/// # Safety
+/// `out` must point to at least `size` writable bytes, `size >= 8`.
+unsafe fn fill(out: *mut rdmamig_postcopy_progress, size: u32, p: &PostcopyProgress) {
+    addr_of_mut!((*out).phase).write(phase_of(p.phase) as u32);
+    let mut filled = offset_of!(rdmamig_postcopy_progress, phase) + size_of::<u32>();
+    macro_rules! fill {
+        ($($field:ident = $value:expr),* $(,)?) => {$(
+            let end = offset_of!(rdmamig_postcopy_progress, $field) + size_of::<u64>();
+            if end <= size as usize {
+                addr_of_mut!((*out).$field).write($value);
+                filled = end;
+            }
+        )*};
+    }
+    fill!(
+        pages_total = p.pages_total,
+        pages_remaining = p.pages_remaining,
+        faults_served = p.faults_served,
+        pages_skipped = p.pages_skipped,
+        bytes_pulled = p.bytes_pulled,
+    );
+    addr_of_mut!((*out).size).write(filled as u32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Connection;
+    use crate::ffi::conn::rdmamig_conn_free;
+    use crate::ffi::handle::to_boxed_mut_ptr;
+    use rdmamig_status::*;
+    use std::ptr::{null, null_mut};
+
+    #[test]
+    fn phases_are_dense_ordered_and_map_to_the_engine() {
+        for (i, p) in rdmamig_postcopy_phase::ALL.iter().enumerate() {
+            assert_eq!(*p as u32, i as u32, "{p:?}");
+            let engine = rdmamig_postcopy_phase::engine(i as u32).unwrap();
+            assert_eq!(phase_of(engine), *p);
+        }
+        assert!(rdmamig_postcopy_phase::engine(3).is_none());
+        assert!(rdmamig_postcopy_phase::engine(u32::MAX).is_none());
+    }
+
+    /// The checked-in header has the same phases (it is generated: `make header`).
+    #[test]
+    fn phase_values_match_header() {
+        let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/rdmamig.h")).unwrap();
+        let in_header: Vec<(String, u32)> = header
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("RDMAMIG_POSTCOPY_"))
+            .map(|l| {
+                let (name, value) = l.trim_end_matches(',').split_once(" = ").expect("NAME = value");
+                (name.to_string(), value.parse().expect("number"))
+            })
+            .collect();
+        let in_rust: Vec<(String, u32)> =
+            rdmamig_postcopy_phase::ALL.iter().map(|p| (format!("{p:?}"), *p as u32)).collect();
+        assert_eq!(in_header, in_rust);
+    }
+
+    #[test]
+    fn argument_checks() {
+        let conn = to_boxed_mut_ptr::<rdmamig_conn>(Connection::closed());
+        let mut p = rdmamig_postcopy_progress { size: RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1, ..Default::default() };
+        assert_eq!(rdmamig_conn_postcopy_progress(null(), &mut p), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_postcopy_progress(conn, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_postcopy_progress(conn, &mut p), RDMAMIG_ERR_STATE);
+        p.size = 8;
+        assert_eq!(rdmamig_conn_postcopy_progress(conn, &mut p), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_conn_wait_postcopy(conn, 1, 1, &mut p), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(p, rdmamig_postcopy_progress { size: 8, ..Default::default() }, "nothing written");
+        assert_eq!(rdmamig_conn_wait_postcopy(conn, 3, 1, null_mut()), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_conn_wait_postcopy(conn, 1, 1, null_mut()), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_wait_postcopy(null(), 1, 1, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+
+        assert_eq!(rdmamig_conn_postcopy(null_mut(), null(), 0, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_postcopy(conn, null(), 1, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        let mut b = rdmamig_stale_pages { block: 0, reserved: 0, bitmap: null(), bitmap_words: 1 };
+        assert_eq!(rdmamig_conn_postcopy(conn, &b, 1, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        let word = 1u64;
+        b.bitmap = &word;
+        b.reserved = 1;
+        assert_eq!(rdmamig_conn_postcopy(conn, &b, 1, null_mut()), RDMAMIG_ERR_INVALID_ARGUMENT);
+        b.reserved = 0;
+        assert_eq!(rdmamig_conn_postcopy(conn, &b, 1, null_mut()), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_postcopy(conn, null(), 0, null_mut()), RDMAMIG_ERR_STATE);
+        rdmamig_conn_free(conn);
+    }
+
+    #[test]
+    fn fill_writes_what_fits() {
+        let progress = PostcopyProgress {
+            phase: PostcopyPhase::Running,
+            pages_total: 10,
+            pages_remaining: 4,
+            faults_served: 3,
+            pages_skipped: 1,
+            bytes_pulled: 24576,
+        };
+        const JUNK: u64 = 0x5555_5555_5555_5555;
+        let mut buf = [JUNK; 8];
+        let out = buf.as_mut_ptr().cast::<rdmamig_postcopy_progress>();
+        // An older caller's smaller struct (as if V1 ended at pages_remaining): nothing past it is written.
+        unsafe { fill(out, 24, &progress) };
+        assert_eq!(buf[0] as u32, 24);
+        assert_eq!(buf[0] >> 32, rdmamig_postcopy_phase::RDMAMIG_POSTCOPY_RUNNING as u64);
+        assert_eq!((buf[1], buf[2]), (10, 4));
+        assert_eq!(&buf[3..], &[JUNK; 5]);
+        // A newer caller's bigger struct: its tail is left alone.
+        unsafe { fill(out, 56, &progress) };
+        assert_eq!(buf[0] as u32, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1);
+        assert_eq!(&buf[1..6], &[10, 4, 3, 1, 24576]);
+        assert_eq!(buf[6..], [JUNK; 2]);
+    }
+}
