@@ -18,6 +18,9 @@
 #   make bench           the migration benchmark (examples/bench.rs, scripts/bench.sh): ib_write_bw,
 #                        QEMU -> QEMU and rdmamig <-> rdmamig in one guest boot, one table
 #                        (BENCH_ARGS, e.g. BENCH_ARGS=--quick)
+#   make bench-postcopy  the post-copy benchmark (examples/postcopy_bench.rs, scripts/postcopy-bench.sh):
+#                        fault latency and pull rate against ib_read_lat / ib_read_bw in one guest boot
+#                        (BENCH_POSTCOPY_ARGS, e.g. BENCH_POSTCOPY_ARGS=--quick)
 #   make bench-demo      the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
 #
@@ -78,7 +81,7 @@ EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
 EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-demo bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-postcopy bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -175,6 +178,14 @@ deb:
 BENCH_ARGS ?=
 bench:
 	bash scripts/bench.sh $(BENCH_ARGS)
+
+# The post-copy benchmark: fault service latency (1 and 4 vCPU threads) and
+# the background pull (dense, sparse) against ib_read_lat / ib_read_bw in one
+# guest boot (examples/postcopy_bench.rs, scripts/postcopy-bench.sh; README
+# "Benchmark"). Needs root; RXE_VM_MEM 3G. Options: BENCH_POSTCOPY_ARGS.
+BENCH_POSTCOPY_ARGS ?=
+bench-postcopy:
+	bash scripts/postcopy-bench.sh $(BENCH_POSTCOPY_ARGS)
 
 # The C demo's throughput: built -O2 without sanitizers, and perftest's
 # ib_write_bw (1 MiB, tx depth 16) as the anchor, in the same guest boot.

@@ -281,7 +281,10 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     EXPECT(!bad);
     EXPECT(progress_ok(&end) && end.phase == RDMAMIG_POSTCOPY_DONE && end.pages_remaining == 0);
     EXPECT(end.pages_total == stale);
-    EXPECT(vcpus == 0 || (end.faults_served > 0 && writes > 0 && checked_reads > 0));
+    /* Whether a vCPU beat the background pull to a stale page (a fault served
+     * with its own read) depends on scheduling: reported, not required here
+     * (tests/rdma/postcopy.rs counts faults where they are the point). */
+    EXPECT(vcpus == 0 || (writes > 0 && checked_reads > 0));
     EXPECT(end.bytes_pulled >= (stale - end.pages_skipped) * PAGE);
     TRY(conn, rdmamig_conn_wait_postcopy(conn, RDMAMIG_POSTCOPY_DONE, RDMAMIG_NO_WAIT, NULL));
     EXPECT_STATUS(rdmamig_conn_wait_end(conn, SETUP_TIMEOUT_MS), RDMAMIG_END_COMPLETED);

@@ -57,6 +57,16 @@
 #define RDMAMIG_NO_WAIT UINT32_MAX
 
 /**
+ * An LFT entry that routes nowhere (the SM's 0xFF).
+ */
+#define RDMAMIG_FABRIC_NO_ROUTE 255
+
+/**
+ * LIDs per LFT block (one SMP writes one block).
+ */
+#define RDMAMIG_FABRIC_LFT_BLOCK 64
+
+/**
  * The size of the first version of `rdmamig_postcopy_progress` (every field
  * up to `bytes_pulled`), and the smallest `size` `rdmamig_conn_postcopy_progress`
  * and `rdmamig_conn_wait_postcopy` accept.
@@ -309,6 +319,63 @@ typedef uint32_t rdmamig_postcopy_phase;
 #endif // __cplusplus
 
 /**
+ * How the fabric gives LIDs to VFs (`rdmamig_fabric_plan_new`'s `mode`).
+ */
+enum rdmamig_fabric_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Prepopulated LIDs: the VM's LID and the destination VF's LID exchange
+   * their LFT entries on every switch where they differ (0, 1 or 2 SMPs
+   * per switch).
+   */
+  RDMAMIG_FABRIC_SWAP = 0,
+  /**
+   * Dynamic LID assignment: the VM's LID gets the destination PF's LFT
+   * entries wherever they differ (0 or 1 SMP per switch).
+   */
+  RDMAMIG_FABRIC_COPY = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rdmamig_fabric_mode rdmamig_fabric_mode;
+#else
+typedef uint32_t rdmamig_fabric_mode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * What an `rdmamig_fabric_smp` is (its `kind`).
+ */
+enum rdmamig_fabric_smp_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * A switch's LFT block: `switch_lid`, `block`, `ports`.
+   */
+  RDMAMIG_FABRIC_SMP_LFT = 0,
+  /**
+   * A VF's LID: VF `vf` of `hypervisor` goes from `old_lid` to `new_lid` (0: none).
+   */
+  RDMAMIG_FABRIC_SMP_VF_LID = 1,
+  /**
+   * The VM's vGUID moves from VF `vf` of `hypervisor` to VF `peer_vf` of `peer_hypervisor`.
+   */
+  RDMAMIG_FABRIC_SMP_VGUID = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rdmamig_fabric_smp_kind rdmamig_fabric_smp_kind;
+#else
+typedef uint32_t rdmamig_fabric_smp_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Settings for one side of a migration connection.
  *
  * Create with `rdmamig_config_new`, change with the `rdmamig_config_set_*`
@@ -350,6 +417,28 @@ typedef struct rdmamig_config rdmamig_config;
  * nothing back (but the log callback, `rdmamig_set_log_callback`).
  */
 typedef struct rdmamig_conn rdmamig_conn;
+
+/**
+ * A fabric: switches (LID, ports, links, LFTs) and hypervisors (leaf switch
+ * port, PF LID, VFs). Built from a generator (`rdmamig_fabric_new_fat_tree`)
+ * or piece by piece from the subnet manager's tables
+ * (`rdmamig_fabric_new`, `rdmamig_fabric_add_switch`,
+ * `rdmamig_fabric_add_link`, `rdmamig_fabric_set_lft`,
+ * `rdmamig_fabric_add_hypervisor`). Free with `rdmamig_fabric_free`.
+ *
+ * Thread safety: not synchronised. Any number of threads may use one
+ * fabric through `const` pointers at the same time; nothing may run
+ * concurrently with a call taking a non-`const` pointer to it.
+ */
+typedef struct rdmamig_fabric rdmamig_fabric;
+
+/**
+ * The SMPs that move a VM's LID, made by `rdmamig_fabric_plan_new`: LFT
+ * SMPs first (switch by switch), then the 3 hypervisor SMPs. Free with
+ * `rdmamig_fabric_plan_free`. Thread safety: read-only once made; any
+ * number of threads may use it at once.
+ */
+typedef struct rdmamig_fabric_plan rdmamig_fabric_plan;
 
 /**
  * A destination's listening rdma_cm endpoint, bound to the address of an
@@ -411,6 +500,103 @@ typedef struct rdmamig_range {
    */
   uint64_t length;
 } rdmamig_range;
+
+/**
+ * A hypervisor of a fabric, filled by `rdmamig_fabric_get_hypervisor`.
+ */
+typedef struct rdmamig_fabric_hypervisor {
+  /**
+   * The LID of the (leaf) switch its HCA is connected to.
+   */
+  uint16_t switch_lid;
+  /**
+   * Its PF's LID.
+   */
+  uint16_t pf_lid;
+  /**
+   * The switch port its HCA is connected to.
+   */
+  uint32_t port;
+  /**
+   * Its number of VFs (`rdmamig_fabric_get_vf_lids` lists their LIDs).
+   */
+  uint32_t vf_count;
+} rdmamig_fabric_hypervisor;
+
+/**
+ * A plan's cost, filled by `rdmamig_fabric_plan_counts`.
+ */
+typedef struct rdmamig_fabric_counts {
+  /**
+   * LFT block SMPs.
+   */
+  uint64_t lft_smps;
+  /**
+   * Switches with at least one LFT SMP.
+   */
+  uint64_t switches_touched;
+  /**
+   * SMPs to the two hypervisors (VF LIDs, vGUID): 3.
+   */
+  uint64_t hypervisor_smps;
+  /**
+   * `lft_smps + hypervisor_smps`.
+   */
+  uint64_t total;
+  /**
+   * For comparison: a full reconfiguration's LFT SMPs at least,
+   * switches × ceil((highest LID + 1) / 64).
+   */
+  uint64_t full_reconfiguration;
+} rdmamig_fabric_counts;
+
+/**
+ * One SMP of a plan, filled by `rdmamig_fabric_plan_smp`. Which fields
+ * mean something depends on `kind` (an `rdmamig_fabric_smp_kind`); the
+ * others are 0.
+ */
+typedef struct rdmamig_fabric_smp {
+  /**
+   * An `rdmamig_fabric_smp_kind` value.
+   */
+  uint32_t kind;
+  /**
+   * LFT: the switch's LID.
+   */
+  uint16_t switch_lid;
+  /**
+   * LFT: the block number (LIDs 64 * block to 64 * block + 63).
+   */
+  uint16_t block;
+  /**
+   * VF_LID: the hypervisor; VGUID: the source hypervisor.
+   */
+  uint32_t hypervisor;
+  /**
+   * VF_LID: the VF (index among the hypervisor's VFs); VGUID: the source VF.
+   */
+  uint32_t vf;
+  /**
+   * VGUID: the destination hypervisor.
+   */
+  uint32_t peer_hypervisor;
+  /**
+   * VGUID: the destination VF.
+   */
+  uint32_t peer_vf;
+  /**
+   * VF_LID: the VF's LID before (0: none).
+   */
+  uint16_t old_lid;
+  /**
+   * VF_LID: the VF's LID after (0: none).
+   */
+  uint16_t new_lid;
+  /**
+   * LFT: the block's 64 new entries (output ports; 255: no route).
+   */
+  uint8_t ports[RDMAMIG_FABRIC_LFT_BLOCK];
+} rdmamig_fabric_smp;
 
 /**
  * A log callback: `level` and `message` of one record, with the
@@ -1281,6 +1467,261 @@ rdmamig_status rdmamig_conn_event_fd(const struct rdmamig_conn *conn, int *fd_ou
  * `listener`; any thread may poll the fd.
  */
 rdmamig_status rdmamig_listener_event_fd(const struct rdmamig_listener *listener, int *fd_out);
+
+/**
+ * A new, empty fabric (to fill from the subnet manager's tables).
+ *
+ * Returns NULL only if rdmamig panicked. Free with `rdmamig_fabric_free`.
+ */
+struct rdmamig_fabric *rdmamig_fabric_new(void);
+
+/**
+ * A generated fat tree of `ports`-port switches (even, 4 to 252) with
+ * `levels` levels (2: leaves and spines; 3: pods of leaves and middle
+ * switches, and cores), `width` leaves (2 levels) or pods (3 levels), at
+ * most `ports`; `hosts_per_leaf` hypervisors on each leaf's down ports (at
+ * most `ports` / 2), each with a PF and `vfs_per_hypervisor` VFs, every
+ * LID assigned in order (end nodes leaf by leaf, then switches) and every
+ * LFT filled with d-mod-k up/down routes. `width` or `hosts_per_leaf` 0
+ * takes the full tree's (`ports`, `ports` / 2). The README's "vSwitch
+ * reconfiguration planner" describes the shapes, the LID order and the
+ * routing.
+ *
+ * On `RDMAMIG_OK`, `*out` is the new fabric; on failure it is left
+ * unchanged. Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (a shape out of range, or more LIDs than
+ * the 49151 unicast LIDs).
+ *
+ * Thread-safe.
+ */
+rdmamig_status rdmamig_fabric_new_fat_tree(uint32_t ports,
+                                           uint32_t levels,
+                                           uint32_t width,
+                                           uint32_t hosts_per_leaf,
+                                           uint32_t vfs_per_hypervisor,
+                                           struct rdmamig_fabric **out);
+
+/**
+ * Frees a fabric. NULL is a no-op. Must not be called twice on the same
+ * fabric. Plans made from it stay valid.
+ */
+void rdmamig_fabric_free(struct rdmamig_fabric *fabric);
+
+/**
+ * Adds a switch with LID `lid` (unicast, 0x0001 to 0xBFFF, unused so far)
+ * and `ports` external ports (1 to 254; port 0 is the switch itself), with
+ * an empty LFT and nothing connected.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (LID not unicast or taken, port count out
+ * of range); on failure the fabric is unchanged.
+ */
+rdmamig_status rdmamig_fabric_add_switch(struct rdmamig_fabric *fabric,
+                                         uint16_t lid,
+                                         uint32_t ports);
+
+/**
+ * Connects port `port_a` of the switch with LID `lid_a` to port `port_b`
+ * of the switch with LID `lid_b` (both ports free so far).
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no such switch or port, port already
+ * connected); on failure the fabric is unchanged.
+ */
+rdmamig_status rdmamig_fabric_add_link(struct rdmamig_fabric *fabric,
+                                       uint16_t lid_a,
+                                       uint32_t port_a,
+                                       uint16_t lid_b,
+                                       uint32_t port_b);
+
+/**
+ * Sets `count` LFT entries of the switch with LID `switch_lid`, for LIDs
+ * `first_lid` to `first_lid + count - 1`, from `ports` (each an output
+ * port of the switch, 0 for the switch itself, or
+ * `RDMAMIG_FABRIC_NO_ROUTE`): what the subnet manager's
+ * SubnGet(LinearForwardingTable) returns, block by block or all at once.
+ * Entries never set route nowhere. `ports` may be NULL when `count` is 0.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no such switch, an entry naming a port
+ * the switch does not have, or LIDs past 0xBFFF); on failure the table is
+ * unchanged.
+ */
+rdmamig_status rdmamig_fabric_set_lft(struct rdmamig_fabric *fabric,
+                                      uint16_t switch_lid,
+                                      uint16_t first_lid,
+                                      const uint8_t *ports,
+                                      size_t count);
+
+/**
+ * Copies `count` LFT entries of the switch with LID `switch_lid`, for LIDs
+ * `first_lid` on, into `ports` (`RDMAMIG_FABRIC_NO_ROUTE` for LIDs the
+ * table does not route). `ports` may be NULL when `count` is 0.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no such switch, or the range passes
+ * LID 0xFFFF).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `fabric`.
+ */
+rdmamig_status rdmamig_fabric_get_lft(const struct rdmamig_fabric *fabric,
+                                      uint16_t switch_lid,
+                                      uint16_t first_lid,
+                                      uint8_t *ports,
+                                      size_t count);
+
+/**
+ * Adds a hypervisor whose HCA is on port `port` of the switch with LID
+ * `switch_lid`, with PF LID `pf_lid` and `vf_count` VFs whose LIDs are
+ * `vf_lids` (0: a VF without a LID, under dynamic LID assignment). Every
+ * LID must be unicast and not used yet; the VFs start free
+ * (`rdmamig_fabric_set_vf_in_use`). Its index (counting from 0 in the
+ * order of addition, the `from` / `to` of `rdmamig_fabric_plan_new`) is
+ * stored in `*index_out` unless it is NULL. `vf_lids` may be NULL when
+ * `vf_count` is 0.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no such switch or port, port already
+ * connected, a LID out of range or taken); on failure the fabric is
+ * unchanged.
+ */
+rdmamig_status rdmamig_fabric_add_hypervisor(struct rdmamig_fabric *fabric,
+                                             uint16_t switch_lid,
+                                             uint32_t port_number,
+                                             uint16_t pf_lid,
+                                             const uint16_t *vf_lids,
+                                             size_t vf_count,
+                                             uint32_t *index_out);
+
+/**
+ * Marks the VF with LID `vf_lid` as used by a VM (`in_use` true) or free.
+ * A plan without an explicit destination VF takes the destination's first
+ * free VF.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no VF has that LID).
+ */
+rdmamig_status rdmamig_fabric_set_vf_in_use(struct rdmamig_fabric *fabric,
+                                            uint16_t vf_lid,
+                                            bool in_use);
+
+/**
+ * The number of hypervisors of `fabric`. 0 when `fabric` is NULL (which
+ * also sets `rdmamig_last_error_message`).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `fabric`.
+ */
+uint32_t rdmamig_fabric_hypervisor_count(const struct rdmamig_fabric *fabric);
+
+/**
+ * Describes hypervisor `index` of `fabric` in `*out`.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no such hypervisor).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `fabric`.
+ */
+rdmamig_status rdmamig_fabric_get_hypervisor(const struct rdmamig_fabric *fabric,
+                                             uint32_t index,
+                                             struct rdmamig_fabric_hypervisor *out);
+
+/**
+ * Copies the VF LIDs of hypervisor `index` (0 for a VF without a LID) into
+ * `lids`, which has room for `count`; `*written` is set to the number of
+ * VFs. Fewer than that room gives `RDMAMIG_ERR_BUFFER_TOO_SMALL` (with
+ * `*written` set, so `(NULL, 0)` asks for the number).
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER`,
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no such hypervisor) or
+ * `RDMAMIG_ERR_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `fabric`.
+ */
+rdmamig_status rdmamig_fabric_get_vf_lids(const struct rdmamig_fabric *fabric,
+                                          uint32_t index,
+                                          uint16_t *lids,
+                                          size_t count,
+                                          size_t *written);
+
+/**
+ * The hypervisor holding `lid` (as its PF's or a VF's LID), in `*index`.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (no hypervisor holds it).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `fabric`.
+ */
+rdmamig_status rdmamig_fabric_hypervisor_of_lid(const struct rdmamig_fabric *fabric,
+                                                uint16_t lid,
+                                                uint32_t *index);
+
+/**
+ * Plans the migration of the VM with LID `vm_lid` (a VF LID of hypervisor
+ * `from`) to hypervisor `to`, in `mode` (an `rdmamig_fabric_mode` value),
+ * onto the VF holding `dest_vf_lid`, or when it is 0 onto `to`'s first free
+ * VF (swap: with a LID). The plan lists every SMP (`rdmamig_fabric_plan_smp`)
+ * and their count (`rdmamig_fabric_plan_counts`); `fabric` is not changed
+ * (`rdmamig_fabric_apply` does that). When `from` and `to` share a leaf
+ * switch only that switch is rewritten: 1 LFT SMP when both LIDs are in one
+ * 64-LID block.
+ *
+ * On `RDMAMIG_OK`, `*out` is the new plan; on failure it is left unchanged.
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (unknown mode, hypervisor or LID; `vm_lid`
+ * not a VF LID of `from`; `from` equal to `to`; `dest_vf_lid` not a free VF
+ * of `to`; no free VF).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `fabric`.
+ */
+rdmamig_status rdmamig_fabric_plan_new(const struct rdmamig_fabric *fabric,
+                                       uint16_t vm_lid,
+                                       uint32_t from,
+                                       uint32_t to,
+                                       uint32_t mode,
+                                       uint16_t dest_vf_lid,
+                                       struct rdmamig_fabric_plan **out);
+
+/**
+ * Frees a plan. NULL is a no-op. Must not be called twice on the same plan.
+ */
+void rdmamig_fabric_plan_free(struct rdmamig_fabric_plan *plan);
+
+/**
+ * The plan's cost in `*out`.
+ *
+ * Returns `RDMAMIG_OK` or `RDMAMIG_ERR_NULL_PARAMETER`.
+ */
+rdmamig_status rdmamig_fabric_plan_counts(const struct rdmamig_fabric_plan *plan,
+                                          struct rdmamig_fabric_counts *out);
+
+/**
+ * SMP `index` of the plan in `*out`: indexes 0 to `lft_smps - 1` are the
+ * LFT SMPs, the next `hypervisor_smps` (3) the hypervisor SMPs: the
+ * source VF's LID, the destination VF's LID, the vGUID
+ * (`rdmamig_fabric_plan_counts`; `total` in all).
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (`index` not below `total`).
+ */
+rdmamig_status rdmamig_fabric_plan_smp(const struct rdmamig_fabric_plan *plan,
+                                       size_t index,
+                                       struct rdmamig_fabric_smp *out);
+
+/**
+ * Applies `plan` to `fabric` (its LFT blocks and VF LIDs, what sending the
+ * SMPs does; the destination VF is then in use, the source VF free) and
+ * checks the result: from every switch the VM's LID reaches the
+ * destination hypervisor's port without a loop, no other LID's entry
+ * changed (swap: the partner LID now reaches the source, and the two LIDs'
+ * paths use each port as often as before; copy: the VM's LID forwards like
+ * the destination PF). If the check fails, `fabric` is restored.
+ *
+ * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` (the plan is not for this fabric as it
+ * is now, or the check failed: the message says where).
+ */
+rdmamig_status rdmamig_fabric_apply(struct rdmamig_fabric *fabric,
+                                    const struct rdmamig_fabric_plan *plan);
 
 /**
  * Listens for sources on `host:port`. `host` is a host name, an IPv4 or an

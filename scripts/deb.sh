@@ -92,7 +92,7 @@ if (( check )); then
     for f in "$lib/librdmamig.so.$version" "$lib/librdmamig.so.${version%%.*}" "$lib/librdmamig.so" \
              "$lib/librdmamig.a" "$lib/pkgconfig/rdmamig.pc" /usr/include/rdmamig.h /usr/bin/rdmamig \
              /usr/share/man/man1/rdmamig.1.gz /usr/share/man/man1/rdmamig-doctor.1.gz \
-             /usr/share/man/man1/rdmamig-bench.1.gz; do
+             /usr/share/man/man1/rdmamig-bench.1.gz /usr/share/man/man1/rdmamig-fabric-plan.1.gz; do
         [[ -e "$f" ]] || { echo "deb: FAIL: $f is not installed" >&2; fail=1; }
     done
     # The ldconfig trigger ran: the loader finds the SONAME without help.

@@ -15,6 +15,9 @@
 #                              dense, 64 MiB sparse), rdmamig in every mode,
 #                              all byte-identical;
 #                              PASS when it exits 0 (no figure is checked)
+#   4a. bench:postcopy-smoke   the post-copy benchmark (examples/postcopy_bench.rs)
+#                              with --quick --no-anchors: fault and pull runs of
+#                              64 MiB, each byte-identical; PASS when it exits 0
 #   4b. example:vm_memory      the Rust integration example examples/vm_memory.rs
 #                              (built here like the benchmark; the C examples,
 #                              examples/c/*.c, are c:rdma_test_example_* in 3.)
@@ -129,6 +132,15 @@ if exe=$(built example bench build --release --features rdma-tests --example ben
     add_step bench:smoke "$exe" --quick
 else
     host_fail bench:smoke "no executable for example bench, see above"
+fi
+
+# The post-copy benchmark's smoke run: 64 MiB runs, no perftest anchors
+# (~10 s in the guest); every run must come out byte-identical.
+if exe=$(built example postcopy_bench build --release --features rdma-tests --example postcopy_bench) &&
+        [ -n "$exe" ]; then
+    add_step bench:postcopy-smoke "$exe" --quick --no-anchors
+else
+    host_fail bench:postcopy-smoke "no executable for example postcopy_bench, see above"
 fi
 
 # The command-line tool (cli/): `rdmamig doctor` against ibv_devinfo and

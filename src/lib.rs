@@ -5,7 +5,9 @@
 //! - [`wire`]: the protocol codec (pure, no I/O, fuzzed);
 //! - [`verbs`]: thin RAII over libibverbs/librdmacm, the only place with raw verbs `unsafe`;
 //! - [`engine`]: source/destination state machines, control channel, RAM chunks;
-//! - `ffi`: the C ABI (argument checks, panic boundary, handle casts; no logic).
+//! - `ffi`: the C ABI (argument checks, panic boundary, handle casts; no logic);
+//! - [`fabric`]: the InfiniBand vSwitch reconfiguration planner (pure, beside `wire`):
+//!   which LFT SMPs move a migrating VM's LID, and what they cost.
 //!
 //! The Rust API: a destination binds a [`Listener`] and [`Destination::accept`]s
 //! a source; a source calls [`Source::connect`]. Both describe their guest RAM
@@ -23,6 +25,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod fabric;
 mod ffi;
 pub mod recording;
 pub mod verbs;

@@ -4,12 +4,15 @@
 //!   for live migration (devices, ports, GIDs, rdma_cm, memlock and cgroup
 //!   limits against a guest size, fork safety), with a verdict per item;
 //! - `rdmamig bench`: a synthetic guest migrated in rounds between two
-//!   processes or hosts, with live progress and a summary.
+//!   processes or hosts, with live progress and a summary;
+//! - `rdmamig fabric-plan`: the InfiniBand vSwitch reconfiguration planner:
+//!   the SMPs that move a migrating VM's LID, and their cost.
 //!
 //! Exit status as rdma-core's tools: 0 success, 1 failure, 2 usage error.
 
 mod bench;
 mod doctor;
+mod fabric;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,11 +33,12 @@ Sizes take the suffixes K, M, G, T (powers of 1024; KiB, MiB, GiB, TiB too).";
 #[command(
     name = "rdmamig",
     version = rdmamig::VERSION,
-    about = "Live migration of VM memory over RDMA: check a host, benchmark a migration",
+    about = "Live migration of VM memory over RDMA: check a host, benchmark a migration, plan the fabric",
     long_about = "Live migration of VM memory over RDMA (QEMU RDMA migration protocol v1 compatible).\n\n\
                   `rdmamig doctor` says what is right and wrong with this host's RDMA setup for migration; \
                   `rdmamig bench` migrates a synthetic guest between two processes or hosts and reports \
-                  throughput, rounds and the final round's time.",
+                  throughput, rounds and the final round's time; `rdmamig fabric-plan` lists the InfiniBand \
+                  SMPs that move a migrating VM's LID (vSwitch SR-IOV) and what they cost.",
     after_help = AFTER_HELP,
     propagate_version = true
 )]
@@ -47,7 +51,9 @@ struct Cli {
 enum Command {
     Doctor(DoctorArgs),
     Bench(BenchArgs),
-    /// Write the man pages (rdmamig.1, rdmamig-doctor.1, rdmamig-bench.1) into DIR.
+    #[command(name = "fabric-plan")]
+    FabricPlan(fabric::FabricPlanArgs),
+    /// Write the man pages (rdmamig.1, rdmamig-doctor.1, rdmamig-bench.1, rdmamig-fabric-plan.1) into DIR.
     #[command(hide = true, name = "generate-man")]
     GenerateMan {
         /// The directory to write them to (created if missing).
@@ -192,6 +198,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Doctor(args) => doctor::run(args.guest_size, args.json),
         Command::Bench(args) => bench::run(args),
+        Command::FabricPlan(args) => fabric::run(args),
         Command::GenerateMan { dir } => match generate_man(&dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -38,6 +38,7 @@ pub mod config;
 pub mod conn;
 pub mod device;
 pub mod event;
+pub mod fabric;
 pub mod listener;
 pub mod log;
 pub mod postcopy;
