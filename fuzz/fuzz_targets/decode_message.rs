@@ -59,6 +59,12 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(bytes, m.payload.len() as u64);
         }
         CommandType::PostcopyDone => assert_eq!(m.payload.len(), PostcopySummary::SIZE),
+        CommandType::PostcopyFaultQp | CommandType::PostcopyFaultQpResult => {
+            assert_eq!((m.payload.len(), repeat), (QpEndpoint::SIZE, 1));
+            if let Ok(qp) = QpEndpoint::decode(m.payload) {
+                assert!(qp.qpn < 1 << 24 && qp.psn < 1 << 24);
+            }
+        }
         _ => {}
     }
     // Re-encoding accepted entries reproduces them.

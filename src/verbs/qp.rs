@@ -24,13 +24,17 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// An RC queue pair made with `rdma_create_qp` on a [`CmId`] (which then
-/// drives its state transitions on connect/accept). Destroyed with
-/// `rdma_destroy_qp` on drop; holds the id, the PD and both CQs.
+/// An RC queue pair: made with `rdma_create_qp` on a [`CmId`] (which then
+/// drives its state transitions on connect/accept; destroyed with
+/// `rdma_destroy_qp`), or a companion of such a QP made with
+/// `ibv_create_qp` and connected by hand ([`QueuePair::companion`],
+/// [`QueuePair::connect_like`]; destroyed with `ibv_destroy_qp`). Holds the
+/// id, the PD and both CQs.
 pub struct QueuePair {
     qp: NonNull<sys::ibv_qp>,
     caps: QpCaps,
-    id: Arc<CmId>,
+    /// The rdma_cm id that made it, or none for a companion.
+    id: Option<Arc<CmId>>,
     _pd: Arc<ProtectionDomain>,
     _send_cq: Arc<CompletionQueue>,
     _recv_cq: Arc<CompletionQueue>,
@@ -87,20 +91,86 @@ impl QueuePair {
         Ok(Arc::new(QueuePair {
             qp,
             caps,
-            id: id.clone(),
+            id: Some(id.clone()),
             _pd: pd.clone(),
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
         }))
     }
 
+    /// A second RC QP beside an rdma_cm-connected one, on the same PD and
+    /// CQ, in the RESET state: [`connect_like`](Self::connect_like) connects
+    /// it to a QP of the same peer, whose number the two sides exchange over
+    /// the first connection. (A separate send queue: its work requests do
+    /// not wait behind the first QP's.)
+    pub fn companion(pd: &Arc<ProtectionDomain>, cq: &Arc<CompletionQueue>, caps: QpCaps) -> Result<Arc<Self>> {
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq.raw(),
+            recv_cq: cq.raw(),
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: 0,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: live PD and CQ (kept alive by the QP); attr is read and its
+        // `cap` updated with the actual sizes.
+        let qp = NonNull::new(unsafe { sys::ibv_create_qp(pd.raw(), &mut attr) })
+            .ok_or_else(|| VerbsError::last("ibv_create_qp"))?;
+        let caps = QpCaps {
+            max_send_wr: attr.cap.max_send_wr,
+            max_recv_wr: attr.cap.max_recv_wr,
+            max_send_sge: attr.cap.max_send_sge,
+            max_recv_sge: attr.cap.max_recv_sge,
+        };
+        Ok(Arc::new(QueuePair { qp, caps, id: None, _pd: pd.clone(), _send_cq: cq.clone(), _recv_cq: cq.clone() }))
+    }
+
+    /// The QP number, which the peer connects its companion to.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: live QP.
+        unsafe { sys::rmv_qp_num(self.qp.as_ptr()) }
+    }
+
+    /// Moves a [`companion`](Self::companion) QP from RESET to RTS,
+    /// connected to QP `remote_qpn` (first PSN `remote_psn`) of the peer that
+    /// `like`, a connected QP, reaches: port, P_Key, address vector, path
+    /// MTU, timeouts and READ depths are `like`'s. `access` is what the peer
+    /// may do here (remote read, write). This side's first PSN is `local_psn`.
+    pub fn connect_like(
+        &self,
+        like: &QueuePair,
+        access: super::Access,
+        remote_qpn: u32,
+        remote_psn: u32,
+        local_psn: u32,
+    ) -> Result<()> {
+        // SAFETY: two live QPs; the shim only queries `like` and modifies `self`.
+        let rc = unsafe {
+            sys::rmv_qp_connect_like(
+                self.qp.as_ptr(),
+                like.raw(),
+                access.bits() as i32,
+                remote_qpn,
+                remote_psn,
+                local_psn,
+            )
+        };
+        if rc != 0 {
+            return Err(VerbsError::new("ibv_modify_qp (companion QP to RTS)", rc));
+        }
+        Ok(())
+    }
+
     /// The queue sizes the provider actually gave (at least the requested ones).
     pub fn caps(&self) -> QpCaps {
         self.caps
-    }
-
-    pub fn cm_id(&self) -> &Arc<CmId> {
-        &self.id
     }
 
     pub fn raw(&self) -> *mut sys::ibv_qp {
@@ -199,8 +269,15 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         // SAFETY: nobody can post any more (we are the last Arc); the id,
         // PD and CQs are still alive (we hold them).
-        unsafe { sys::rdma_destroy_qp(self.id.raw()) };
-        self.id.has_qp.store(false, Ordering::Release);
+        match &self.id {
+            Some(id) => {
+                unsafe { sys::rdma_destroy_qp(id.raw()) };
+                id.has_qp.store(false, Ordering::Release);
+            }
+            None => {
+                unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+            }
+        }
     }
 }
 

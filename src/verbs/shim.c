@@ -66,6 +66,61 @@ RMV_HIDDEN int rmv_query_device(struct ibv_context *context, struct rmv_device_i
 	return 0;
 }
 
+RMV_HIDDEN uint32_t rmv_qp_num(struct ibv_qp *qp)
+{
+	return qp->qp_num;
+}
+
+/* Moves `qp` (RESET) through INIT and RTR to RTS, connected to QP
+ * `remote_qpn` of the peer that `like` (a connected RC QP) reaches, with
+ * `like`'s port, P_Key, address vector, path MTU, timeouts and READ depths.
+ * 0 or an errno value. */
+RMV_HIDDEN int rmv_qp_connect_like(struct ibv_qp *qp, struct ibv_qp *like, int access, uint32_t remote_qpn,
+                                   uint32_t remote_psn, uint32_t local_psn)
+{
+	struct ibv_qp_attr a, m;
+	struct ibv_qp_init_attr init;
+	int rc = ibv_query_qp(like, &a,
+			      IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_TIMEOUT |
+				      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+			      &init);
+
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_INIT;
+	m.pkey_index = a.pkey_index;
+	m.port_num = a.port_num;
+	m.qp_access_flags = (unsigned int)access;
+	rc = ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_RTR;
+	m.path_mtu = a.path_mtu;
+	m.dest_qp_num = remote_qpn;
+	m.rq_psn = remote_psn;
+	m.max_dest_rd_atomic = a.max_dest_rd_atomic;
+	m.min_rnr_timer = a.min_rnr_timer;
+	m.ah_attr = a.ah_attr;
+	rc = ibv_modify_qp(qp, &m,
+			   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_RTS;
+	m.timeout = a.timeout;
+	m.retry_cnt = a.retry_cnt;
+	m.rnr_retry = a.rnr_retry;
+	m.sq_psn = local_psn;
+	m.max_rd_atomic = a.max_rd_atomic;
+	return ibv_modify_qp(qp, &m,
+			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				     IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
 RMV_HIDDEN int rmv_query_port(struct ibv_context *context, uint8_t port, struct rmv_port_info *out)
 {
 	struct ibv_port_attr attr;

@@ -243,6 +243,8 @@ extern "C" {
 
     /// The exported function (the header's `ibv_reg_mr` macro resolves to it
     /// when no `IBV_ACCESS_OPTIONAL_RANGE` flag is passed, as here).
+    pub fn ibv_create_qp(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
+    pub fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
     pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: size_t, access: c_int) -> *mut ibv_mr;
     pub fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
     pub fn ibv_fork_init() -> c_int;
@@ -281,6 +283,15 @@ extern "C" {
     /// `ibv_req_notify_cq`: 0 or an errno value.
     pub fn rmv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
     /// `ibv_query_device`, the fields of `rmv_device_info`: 0 or an errno value.
+    pub fn rmv_qp_num(qp: *mut ibv_qp) -> u32;
+    pub fn rmv_qp_connect_like(
+        qp: *mut ibv_qp,
+        like: *mut ibv_qp,
+        access: c_int,
+        remote_qpn: u32,
+        remote_psn: u32,
+        local_psn: u32,
+    ) -> c_int;
     pub fn rmv_query_device(context: *mut ibv_context, out: *mut rmv_device_info) -> c_int;
     /// `ibv_query_port`, the fields of `rmv_port_info`: 0 or an errno value.
     pub fn rmv_query_port(context: *mut ibv_context, port: u8, out: *mut rmv_port_info) -> c_int;

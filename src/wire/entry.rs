@@ -365,3 +365,31 @@ impl Entry for PostcopySummary {
         Ok(PostcopySummary { pages: be64(b, 0), faults: be64(b, 8), bytes: be64(b, 16) })
     }
 }
+
+/// rdmamig extension: the payload of POSTCOPY_FAULT_QP and its result (8
+/// bytes): a queue pair's number and its first packet sequence number, both
+/// 24-bit values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct QpEndpoint {
+    pub qpn: u32,
+    pub psn: u32,
+}
+
+impl Entry for QpEndpoint {
+    const SIZE: usize = 8;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put32(out, 0, self.qpn);
+        put32(out, 4, self.psn);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("QpEndpoint entry", Self::SIZE, b)?;
+        let (qpn, psn) = (be32(b, 0), be32(b, 4));
+        if qpn >> 24 != 0 || psn >> 24 != 0 {
+            return Err(DecodeError::QpEndpointRange { qpn, psn });
+        }
+        Ok(QpEndpoint { qpn, psn })
+    }
+}

@@ -46,6 +46,8 @@ pub enum DecodeError {
     /// A POSTCOPY block whose bitmap does not hold its declared `stale_pages`
     /// (`counted` set bits among its pages), or has bits set past its last page.
     PostcopyBitmap { block_index: u32, declared: u64, counted: u64 },
+    /// A [`QpEndpoint`](super::QpEndpoint) whose QP number or PSN does not fit in 24 bits.
+    QpEndpointRange { qpn: u32, psn: u32 },
 }
 
 impl fmt::Display for DecodeError {
@@ -99,6 +101,9 @@ impl fmt::Display for DecodeError {
                 "POSTCOPY block {block_index} declares {declared} stale pages, its bitmap holds {counted} \
                  (or bits past the block's end)"
             ),
+            QpEndpointRange { qpn, psn } => {
+                write!(f, "queue pair endpoint {qpn:#x}/{psn:#x}: QP number and PSN are 24-bit values")
+            }
         }
     }
 }

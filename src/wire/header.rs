@@ -187,6 +187,14 @@ pub enum CommandType {
     /// rdmamig extension: the destination's response to POSTCOPY, sent once it
     /// holds every stale page; one [`PostcopySummary`](super::PostcopySummary).
     PostcopyDone = 0x8000_0005,
+    /// rdmamig extension: before POSTCOPY, the source's request for a second
+    /// queue pair that carries only the destination's fault reads (so that
+    /// they do not wait behind background reads on the first); one
+    /// [`QpEndpoint`](super::QpEndpoint), the source's new QP.
+    PostcopyFaultQp = 0x8000_0006,
+    /// rdmamig extension: the destination's response to POSTCOPY_FAULT_QP;
+    /// one [`QpEndpoint`](super::QpEndpoint), its new QP, connected already.
+    PostcopyFaultQpResult = 0x8000_0007,
 }
 
 impl CommandType {
@@ -199,7 +207,7 @@ impl CommandType {
 impl TryFrom<u32> for CommandType {
     type Error = DecodeError;
 
-    /// Maps 0..=11 and the five extension values to the command; anything else
+    /// Maps 0..=11 and the seven extension values to the command; anything else
     /// is [`DecodeError::UnknownType`].
     fn try_from(v: u32) -> Result<Self, DecodeError> {
         use CommandType::*;
@@ -221,6 +229,8 @@ impl TryFrom<u32> for CommandType {
             0x8000_0003 => Auth,
             0x8000_0004 => Postcopy,
             0x8000_0005 => PostcopyDone,
+            0x8000_0006 => PostcopyFaultQp,
+            0x8000_0007 => PostcopyFaultQpResult,
             other => return Err(DecodeError::UnknownType(other)),
         })
     }

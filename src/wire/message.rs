@@ -3,8 +3,8 @@
 use std::marker::PhantomData;
 
 use super::entry::{
-    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, RegisterRequest,
-    RegisterResult,
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, QpEndpoint,
+    RegisterRequest, RegisterResult,
 };
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
@@ -121,6 +121,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// | AUTH (extension) | `repeat == 1`, `len == 32` (one [`AuthProof`]) |
 /// | POSTCOPY (extension) | `len == 0` (no stale page), or `repeat ≥ 1` and see [`postcopy_blocks`] |
 /// | POSTCOPY_DONE (extension) | `repeat == 1`, `len == 24` (one [`PostcopySummary`]) |
+/// | POSTCOPY_FAULT_QP and its RESULT (extension) | `repeat == 1`, `len == 8` (one [`QpEndpoint`]) |
 ///
 /// Entry contents (e.g. COMPRESS value ≠ 0) are checked by [`Message::entries`].
 pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
@@ -171,6 +172,7 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
             postcopy_blocks(payload, repeat)?;
         }
         T::PostcopyDone => exactly_one(kind, len, repeat, PostcopySummary::SIZE)?,
+        T::PostcopyFaultQp | T::PostcopyFaultQpResult => exactly_one(kind, len, repeat, QpEndpoint::SIZE)?,
     }
     Ok(Message { kind, repeat, payload })
 }

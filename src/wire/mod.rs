@@ -20,7 +20,9 @@
 //! the nonces and proofs of peer authentication ([`ConnectData`],
 //! [`AcceptData`], AUTH = 0x80000003 with one [`AuthProof`]); post-copy:
 //! POSTCOPY = 0x80000004 ([`PostcopyBlock`] entries then stale bitmaps,
-//! [`postcopy_blocks`]) answered by POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]).
+//! [`postcopy_blocks`]) answered by POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]),
+//! after POSTCOPY_FAULT_QP = 0x80000006 and its result 0x80000007 (one
+//! [`QpEndpoint`] each) set up the queue pair for fault reads.
 
 mod entry;
 mod error;
@@ -31,8 +33,8 @@ mod message;
 mod tests;
 
 pub use entry::{
-    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, RegisterRequest,
-    RegisterResult,
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, QpEndpoint,
+    RegisterRequest, RegisterResult,
 };
 pub use error::{DecodeError, EncodeError};
 pub use header::{

@@ -75,7 +75,9 @@ fn command_type_numbers() {
     assert_eq!(CommandType::try_from(0x8000_0003), Ok(CommandType::Auth));
     assert_eq!(CommandType::try_from(0x8000_0004), Ok(CommandType::Postcopy));
     assert_eq!(CommandType::try_from(0x8000_0005), Ok(CommandType::PostcopyDone));
-    assert_eq!(CommandType::try_from(0x8000_0006), Err(DecodeError::UnknownType(0x8000_0006)));
+    assert_eq!(CommandType::try_from(0x8000_0006), Ok(CommandType::PostcopyFaultQp));
+    assert_eq!(CommandType::try_from(0x8000_0007), Ok(CommandType::PostcopyFaultQpResult));
+    assert_eq!(CommandType::try_from(0x8000_0008), Err(DecodeError::UnknownType(0x8000_0008)));
 }
 
 /// A POSTCOPY message over `blocks` (entry, bitmap words).
@@ -159,6 +161,23 @@ fn postcopy_messages() {
     assert_eq!(decode_message(&buf[..n]).unwrap().collect_entries::<PostcopySummary>().unwrap(), vec![summary]);
     assert!(decode_message(&msg(CommandType::PostcopyDone, 1, &[])).is_err());
     assert!(decode_message(&msg(CommandType::PostcopyDone, 1, &[0; 25])).is_err());
+
+    // POSTCOPY_FAULT_QP and its result: one endpoint, 24-bit values.
+    for kind in [CommandType::PostcopyFaultQp, CommandType::PostcopyFaultQpResult] {
+        let qp = QpEndpoint { qpn: 0x00ab_cdef, psn: 0x0012_3456 };
+        let mut w = MessageWriter::new(&mut buf, kind);
+        w.push(&qp).unwrap();
+        let n = w.finish();
+        assert_eq!(&buf[16..n], &[0, 0xab, 0xcd, 0xef, 0, 0x12, 0x34, 0x56]);
+        assert_eq!(decode_message(&buf[..n]).unwrap().collect_entries::<QpEndpoint>().unwrap(), vec![qp]);
+        assert!(decode_message(&msg(kind, 1, &[0; 7])).is_err());
+        assert!(decode_message(&msg(kind, 2, &[0; 16])).is_err());
+        for bad in [[1, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 0x80, 0, 0, 0]] {
+            let bytes = msg(kind, 1, &bad);
+            let m = decode_message(&bytes).unwrap();
+            assert!(matches!(m.collect_entries::<QpEndpoint>(), Err(DecodeError::QpEndpointRange { .. })));
+        }
+    }
 }
 
 #[test]

@@ -86,7 +86,7 @@ use rdmamig::verbs::{
 };
 use rdmamig::wire::{
     self, AuthProof, BlockSpec, Capabilities, CommandType, Compress, DestBlock, EndSummary, Entry, MessageWriter,
-    PostcopyBlock, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
+    PostcopyBlock, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
 };
 use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, RamBlocks};
 
@@ -994,7 +994,7 @@ fn repeat_times_entry_size_wrapping_u32_is_refused() {
 
 #[test]
 fn unknown_command_types_are_refused() {
-    for kind in [12, 0x7FFF_FFFF, 0x8000_0006] {
+    for kind in [12, 0x7FFF_FFFF, 0x8000_0008] {
         let mut s = after_blocks(0);
         s.rejects(&raw_message(0, kind, 1, &[]), &[format!("unknown control message type {kind}").as_str()]);
     }
@@ -1013,6 +1013,31 @@ fn postcopy_without_extensions_or_with_a_wrong_block_is_refused() {
     let mut s = after_blocks(CAP_RDMAMIG_EXT);
     s.peer.finish_window();
     s.rejects(&message(CommandType::Postcopy, &[block]), &["malformed POSTCOPY", "bytes here, 0 on the source"]);
+}
+
+/// POSTCOPY_FAULT_QP (rdmamig extension): refused without the extensions
+/// and inside a window; outside one it is answered with the destination's
+/// QP (24-bit number and PSN); a second one, or one whose numbers do not fit
+/// in 24 bits, is refused.
+#[test]
+fn postcopy_fault_qp_out_of_place_twice_or_out_of_range_is_refused() {
+    let ep = QpEndpoint { qpn: 0x123, psn: 0x4567 };
+    let mut s = after_blocks(0);
+    s.rejects(&message(CommandType::PostcopyFaultQp, &[ep]), &["unexpected PostcopyFaultQp"]);
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.rejects(&message(CommandType::PostcopyFaultQp, &[ep]), &["unexpected PostcopyFaultQp"]);
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.peer.finish_window();
+    s.rejects(&raw_message(8, 0x8000_0006, 1, &[1, 0, 0, 0, 0, 0, 0, 1]), &["24-bit"]);
+
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.peer.finish_window();
+    s.peer.take_ready();
+    let m = s.peer.request(CommandType::PostcopyFaultQp, &[ep]).expect("POSTCOPY_FAULT_QP_RESULT");
+    assert_eq!(m.kind, CommandType::PostcopyFaultQpResult, "{m:?}");
+    let qp = m.entries::<QpEndpoint>()[0];
+    assert!(qp.qpn != 0 && qp.qpn < 1 << 24 && qp.psn < 1 << 24, "{qp:?}");
+    s.rejects(&message(CommandType::PostcopyFaultQp, &[ep]), &["a second POSTCOPY_FAULT_QP"]);
 }
 
 #[test]

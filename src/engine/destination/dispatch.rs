@@ -13,7 +13,7 @@ use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{is_zero, validate, Ending, Event};
 use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,
+    BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter, QpEndpoint,
     RegisterRequest, RegisterResult,
 };
 use crate::{Error, ErrorKind, Result};
@@ -62,6 +62,9 @@ pub enum Step {
     /// POSTCOPY (rdmamig extension): run post-copy over these blocks, then
     /// answer POSTCOPY_DONE.
     Postcopy(Vec<PlanBlock>),
+    /// POSTCOPY_FAULT_QP (rdmamig extension): connect a fault QP to this
+    /// one of the source's and answer with it.
+    FaultQp(QpEndpoint),
 }
 
 /// An answer to the source.
@@ -234,6 +237,9 @@ impl<R: Registrar> Dispatcher<R> {
             }
             CommandType::Postcopy if self.extensions && self.blocks_exchanged && !self.in_window => {
                 Step::Postcopy(postcopy::destination::plan(m, &self.order, &self.ram)?)
+            }
+            CommandType::PostcopyFaultQp if self.extensions && self.blocks_exchanged && !self.in_window => {
+                Step::FaultQp(entries::<QpEndpoint>(m)?[0])
             }
             other => return Err(protocol(format!("unexpected {other:?} message from the source"))),
         };

@@ -171,6 +171,7 @@ impl Service {
                     self.answer(&self.dispatcher.blocks_result())?;
                 }
                 Step::Postcopy(plan) => self.postcopy(plan)?,
+                Step::FaultQp(remote) => self.link.accept_fault_qp(remote)?,
                 Step::Last(reply, end) => {
                     self.answer(&reply)?;
                     return end;
@@ -195,6 +196,7 @@ impl Service {
             &notify,
             &mut self.postcopy_blocked,
         )?;
+        self.link.close_fault_qp();
         self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;
         self.shared.postcopy.set_phase(PostcopyPhase::Done);
         notify();

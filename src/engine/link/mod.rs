@@ -25,6 +25,7 @@ use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTRO
 use crate::{Error, ErrorKind, Result};
 
 mod auth;
+mod fault_qp;
 mod setup;
 
 pub use setup::{Listener, Negotiated};
@@ -148,6 +149,8 @@ pub(crate) struct Link {
     closed_by_peer: bool,
     /// Tags of RDMA READs completed and not yet taken (`take_reads`).
     reads_done: Vec<u64>,
+    /// Post-copy's second QP, for fault reads (`fault_qp`), on `pd` and `cq`.
+    fault_qp: Option<Arc<QueuePair>>,
 }
 
 impl Link {
@@ -188,6 +191,7 @@ impl Link {
             lost: None,
             closed_by_peer: false,
             reads_done: Vec::new(),
+            fault_qp: None,
         })
     }
 
@@ -619,15 +623,17 @@ impl Link {
     }
 
     /// Posts a signalled RDMA READ (post-copy); its completion shows up in
-    /// [`take_reads`](Self::take_reads) as `tag` (below bit 62).
+    /// [`take_reads`](Self::take_reads) as `tag` (below bit 62). A `fault`
+    /// read goes on the fault QP when there is one (see `fault_qp`).
     ///
     /// # Safety
     /// `sge` lies in a registered local MR with LOCAL_WRITE whose memory stays
     /// valid and untouched until the read completes, and
     /// `remote_addr..+len` lies in the peer's MR of `rkey` (remote read).
-    pub unsafe fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32) -> Result<()> {
+    pub unsafe fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32, fault: bool) -> Result<()> {
         debug_assert!(tag & (WRID_WRITE | WRID_READ) == 0);
-        self.qp.post_read(WRID_READ | tag, sge, remote_addr, rkey, true)?;
+        let qp = if fault { self.fault_qp.as_ref().unwrap_or(&self.qp) } else { &self.qp };
+        qp.post_read(WRID_READ | tag, sge, remote_addr, rkey, true)?;
         Ok(())
     }
 

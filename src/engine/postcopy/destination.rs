@@ -4,12 +4,13 @@
 //! first.
 //!
 //! Faults jump the queue: a fault's 4 KiB READ is posted as soon as its
-//! message is read, while at most `PULL_DEPTH` background reads of up to
-//! `PULL_PAGES` pages are in flight (one while faults wait), so a fault
-//! waits behind at most that many bytes on the wire (the responder serves
-//! READs in order). One thread
-//! rather than a fault thread and a puller: the completions of both arrive
-//! on the connection's one CQ, which only its owner polls.
+//! message is read, on the fault QP (`link::fault_qp`, when the source set
+//! one up), so it does not wait behind the background reads, which a
+//! responder serves in order on the connection's QP; at most `PULL_DEPTH`
+//! of those, of up to `PULL_PAGES` pages, are in flight (one while faults
+//! wait, which matters without a fault QP). One thread rather than a fault
+//! thread and a puller: the completions of both QPs arrive on the
+//! connection's one CQ, which only its owner polls.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -23,7 +24,7 @@ use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{postcopy_blocks, Message, PostcopySummary, POSTCOPY_PAGE_SIZE};
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PAGE: u64 = POSTCOPY_PAGE_SIZE;
 /// Pages per background read (64 KiB).
@@ -32,6 +33,17 @@ const PULL_PAGES: u64 = 16;
 const PULL_DEPTH: usize = 4;
 /// Fault reads in flight at most (more faults queue).
 const FAULT_SLOTS: usize = 16;
+/// After a fault, background reads are held back this long (at most one in
+/// flight): a vCPU that faulted faults again soon, and on rxe posting a
+/// 64 KiB read costs the posting thread about 0.6 ms.
+const PULL_HOLD: Duration = Duration::from_millis(2);
+/// While held back, one background read at most this often, so that the
+/// pull progresses under a steady stream of faults.
+const PULL_TRICKLE: Duration = Duration::from_millis(20);
+/// Present pages between two stale ones that a background read reads
+/// along rather than split in two (a read costs about that much more than
+/// a page on rxe and on hardware NICs alike).
+const MERGE_GAP: u64 = 4;
 /// Windows remembered around recent faults.
 const HOT_WINDOWS: usize = 16;
 /// Read tags: pull slot `i` is `i`, fault slot `j` is `FAULT_TAG + j`.
@@ -207,6 +219,9 @@ struct Puller<'a> {
     faulting: HashSet<(usize, u64)>,
     done: Vec<u64>,
     addrs: Vec<u64>,
+    /// When the last fault was read, and the last pull posted (`post_pulls`).
+    last_fault: Option<Instant>,
+    last_pull: Option<Instant>,
     /// Pages announced stale (never cleared): a fault on a page outside it is a zero page.
     announced: Vec<Vec<u64>>,
 }
@@ -349,6 +364,8 @@ pub(crate) fn run(
         done: Vec::new(),
         addrs: Vec::new(),
         announced,
+        last_fault: None,
+        last_pull: None,
     };
     p.serve(link)?;
     let summary = PostcopySummary {
@@ -366,7 +383,8 @@ impl Puller<'_> {
         loop {
             self.take_faults()?;
             self.post_faults(link)?;
-            self.post_pulls(link)?;
+            // Completions before new pulls: a fault's completion installs its
+            // page (and wakes its vCPU) without waiting behind a pull's post.
             link.take_reads(&mut self.done);
             let done = std::mem::take(&mut self.done);
             for tag in &done {
@@ -374,11 +392,12 @@ impl Puller<'_> {
             }
             self.done = done;
             self.done.clear();
+            let hold = self.post_pulls(link)?;
             let idle = self.pulls.iter().all(Option::is_none) && self.faults.iter().all(Option::is_none);
             if self.remaining == 0 && idle {
                 return Ok(());
             }
-            link.pump(self.uffd.fd(), Duration::from_millis(100))?;
+            link.pump(self.uffd.fd(), hold.unwrap_or(Duration::from_millis(100)))?;
         }
     }
 
@@ -403,6 +422,7 @@ impl Puller<'_> {
                 if !pulling && self.faulting.insert((block, page)) {
                     self.queued.push_back((block, page));
                     self.fault_nearby(block, page);
+                    self.last_fault = Some(Instant::now());
                 }
             } else if test_bit(&self.announced[block], page) {
                 // Installed already: its install woke the waiters; wake late ones too.
@@ -425,74 +445,101 @@ impl Puller<'_> {
             let sge = self.staging.sge(self.staging.fault_slot(j), PAGE);
             // SAFETY: the slot is free (nothing reads or writes it until the
             // completion); the page lies in the source's block MR.
-            unsafe { link.post_read(FAULT_TAG + j as u64, sge, b.remote_addr + page * PAGE, b.rkey)? };
+            unsafe { link.post_read(FAULT_TAG + j as u64, sge, b.remote_addr + page * PAGE, b.rkey, true)? };
             self.faults[j] = Some((block, page));
         }
         Ok(())
     }
 
-    fn post_pulls(&mut self, link: &mut Link) -> Result<()> {
-        // While faults wait, at most one pull is in flight: a fault's read
-        // queues behind the pulls posted before it.
-        let faulting = !self.faulting.is_empty();
+    /// Posts background reads up to `PULL_DEPTH`, unless faults are recent:
+    /// then at most one is in flight, posted only `PULL_TRICKLE` after the
+    /// previous one, so that faults (which come in bursts) find the thread
+    /// and the link free, and the pull still progresses. Returns how long
+    /// pulls are held back, if they are.
+    fn post_pulls(&mut self, link: &mut Link) -> Result<Option<Duration>> {
+        let since_fault = self.last_fault.map(|t| t.elapsed());
+        let held = !self.faulting.is_empty() || since_fault.is_some_and(|d| d < PULL_HOLD);
+        if held {
+            let since_pull = self.last_pull.map_or(Duration::MAX, |t| t.elapsed());
+            if self.pulls.iter().any(Option::is_some) || since_pull < PULL_TRICKLE {
+                let hold_left = PULL_HOLD.saturating_sub(since_fault.unwrap_or_default());
+                let trickle_left = PULL_TRICKLE.saturating_sub(since_pull);
+                return Ok(Some(hold_left.min(trickle_left).max(Duration::from_micros(100))));
+            }
+        }
         for i in 0..PULL_DEPTH {
             if self.pulls[i].is_some() {
                 continue;
             }
-            if faulting && self.pulls.iter().any(Option::is_some) {
-                return Ok(());
-            }
-            let Some(pull) = self.next_pull() else { return Ok(()) };
+            let Some(pull) = self.next_pull() else { break };
             let b = &self.blocks[pull.block];
             let sge = self.staging.sge(self.staging.pull_slot(i), pull.pages * PAGE);
             // SAFETY: as in `post_faults`.
-            unsafe { link.post_read(i as u64, sge, b.remote_addr + pull.first * PAGE, b.rkey)? };
+            unsafe { link.post_read(i as u64, sge, b.remote_addr + pull.first * PAGE, b.rkey, false)? };
             self.pulls[i] = Some(pull);
+            self.last_pull = Some(Instant::now());
+            if held {
+                break;
+            }
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// The next background read: the stale pages of a window around a
-    /// recent fault, else of the next aligned `PULL_PAGES` window after the
-    /// cursor that has any, from its first to its last.
+    /// The next background read: stale pages of a window around a recent
+    /// fault, else the next ones after the cursor.
     fn next_pull(&mut self) -> Option<Pull> {
         while let Some((block, window)) = self.hot.pop_front() {
-            if let Some(pull) = self.window_pull(block, window) {
+            let end = ((window + 1) * PULL_PAGES).min(self.blocks[block].length / PAGE);
+            if let Some(pull) = self.pull_in(block, window * PULL_PAGES, end) {
+                if pull.first + pull.pages < end {
+                    self.hot.push_front((block, window)); // more of it next time
+                }
                 return Some(pull);
             }
         }
         while self.cursor.0 < self.blocks.len() {
             let (block, from) = self.cursor;
-            let pages = self.blocks[block].length / PAGE;
-            match next_set(&self.blocks[block].stale, from, pages) {
+            match self.pull_in(block, from, self.blocks[block].length / PAGE) {
                 None => self.cursor = (block + 1, 0),
-                Some(first) => {
-                    let window = first / PULL_PAGES;
-                    self.cursor = (block, (window + 1) * PULL_PAGES);
-                    if let Some(pull) = self.window_pull(block, window) {
-                        return Some(pull);
-                    }
+                Some(pull) => {
+                    self.cursor = (block, pull.first + pull.pages);
+                    return Some(pull);
                 }
             }
         }
         None
     }
 
-    /// The read of window `window`'s stale pages, unless it has none or a
-    /// read of it is in flight already (which covers every page stale now:
-    /// pages only ever stop being stale).
-    fn window_pull(&self, block: usize, window: u64) -> Option<Pull> {
-        let b = &self.blocks[block];
-        let end = ((window + 1) * PULL_PAGES).min(b.length / PAGE);
-        let first = next_set(&b.stale, window * PULL_PAGES, end)?;
-        if self.pulls.iter().flatten().any(|p| p.block == block && p.first / PULL_PAGES == window) {
-            return None;
-        }
+    /// The first read of stale pages in `[from, end)` that no read in flight
+    /// covers: from the first such page, at most `PULL_PAGES` pages, ending
+    /// at a stale page, with gaps of at most `MERGE_GAP` present pages read
+    /// along (cheaper than another read).
+    fn pull_in(&self, block: usize, from: u64, end: u64) -> Option<Pull> {
+        let stale = &self.blocks[block].stale;
+        let mut at = from;
+        let first = loop {
+            let page = next_set(stale, at, end)?;
+            match self.in_flight(block, page) {
+                Some(past) => at = past,
+                None => break page,
+            }
+        };
+        let limit = (first + PULL_PAGES).min(end);
         let mut last = first;
-        while let Some(n) = next_set(&b.stale, last + 1, end) {
-            last = n;
+        while let Some(page) = next_set(stale, last + 1, limit) {
+            if page - last - 1 > MERGE_GAP || self.in_flight(block, page).is_some() {
+                break;
+            }
+            last = page;
         }
         Some(Pull { block, first, pages: last + 1 - first })
+    }
+
+    /// If a read in flight covers `page`: the page after that read.
+    fn in_flight(&self, block: usize, page: u64) -> Option<u64> {
+        let pull =
+            self.pulls.iter().flatten().find(|p| p.block == block && (p.first..p.first + p.pages).contains(&page));
+        pull.map(|p| p.first + p.pages)
     }
 
     /// Pull the rest of a fault's window and the next one soon.

@@ -4,7 +4,8 @@
 //! [`Source::postcopy`](crate::engine::Source::postcopy) with the pages the
 //! destination does not have right (dirtied since sent, or never sent). Its
 //! transfer thread registers those blocks whole for remote read (within its
-//! pin budget, or it refuses), sends one POSTCOPY request (each block's
+//! pin budget, or it refuses), sets up a second queue pair for the
+//! destination's fault reads (`link::fault_qp`), sends one POSTCOPY request (each block's
 //! address, read key and stale bitmap, `wire::postcopy_blocks`) and keeps the
 //! memory registered, which the caller must keep mapped and unchanged, until
 //! the destination's POSTCOPY_DONE (or the connection's end).
@@ -16,7 +17,7 @@
 //! anonymous memory), so the next touch of one faults. Then the
 //! hypervisor's [`Destination::wait_postcopy`](crate::engine::Destination::wait_postcopy)
 //! returns and its vCPUs may run. The one thread serves faults first (a
-//! 4 KiB RDMA READ into a registered staging slot, then `UFFDIO_COPY`, which
+//! 4 KiB RDMA READ on the fault QP into a registered staging slot, then `UFFDIO_COPY`, which
 //! wakes the faulting threads) and pulls the rest in the background (reads
 //! of up to 64 KiB, a few in flight; the windows of recent faults and the
 //! ones after them first, then in address order). `UFFDIO_COPY` never overwrites: a page

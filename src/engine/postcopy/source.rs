@@ -1,5 +1,5 @@
 //! The source's post-copy, on its transfer thread: expose the stale blocks
-//! for remote read, send POSTCOPY, wait for POSTCOPY_DONE.
+//! for remote read, set up the fault QP, send POSTCOPY, wait for POSTCOPY_DONE.
 
 use super::StalePages;
 use crate::engine::link::Link;
@@ -83,6 +83,7 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
             mrs.push(unsafe { pins.register(block.host_ptr(0), block.length, Access::REMOTE_READ)? });
         }
         let total: u64 = stale.iter().map(|&(_, n)| n).sum();
+        link.open_fault_qp()?;
         logging::info(format_args!(
             "source: post-copy: {total} stale pages in {} blocks exposed for remote read",
             stale.len()
@@ -126,6 +127,7 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
         ));
         Ok(summary)
     })();
+    link.close_fault_qp();
     for mr in mrs {
         pins.release(mr);
     }
