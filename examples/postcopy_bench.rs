@@ -18,11 +18,12 @@
 //!    block's top quarter, each first touch timed in the vCPU thread
 //!    (`clock_gettime(CLOCK_MONOTONIC)` around one 8-byte read of a page
 //!    `mincore` says is missing). The engine has no pull-free phase: it pulls
-//!    from the block's start while any page is stale, and a fault's READ
-//!    queues behind the pulls already on the wire. What is held off is the
-//!    other way the pull interferes: the vCPUs stop touching before the pull
-//!    comes near their quarter, so no timed touch is a page a pull brought
-//!    in. p50, p99, max and count, ÷ `ib_read_lat` typical and p99; the
+//!    while any page is stale (the windows around recent faults first, then
+//!    from the block's start; for 2 ms after a fault at most one read), so a
+//!    timed touch may be served by a pull of its window: the latency a guest
+//!    sees. The vCPUs stop touching before the address-order pull comes near
+//!    their quarter (counting all pulled pages, the fault windows' too).
+//!    p50, p99, max and count, ÷ `ib_read_lat` typical and p99; the
 //!    issue's targets: p50 ≤ 1.5 × typical, p99 ≤ 3 × typical.
 //! 3. Background pull: a `--pull-mib` block, no vCPU; stale dense (every
 //!    page, empty pre-copy window) and sparse (one 64 KiB-aligned run of
@@ -416,9 +417,9 @@ fn run_postcopy(len: u64, layout: Layout, vcpus: Option<Vcpus>, dump: Option<(&s
         run.switch_secs = running_at.duration_since(called).as_secs_f64();
         let mut touchers = Vec::new();
         if let Some(v) = vcpus {
-            // The top quarter is theirs; the pull starts at page 0. They stop
-            // once the pull's reads (pages installed without a fault) come
-            // within 1024 pages of it.
+            // The top quarter is theirs; the address-order pull starts at
+            // page 0. They stop once the pages installed without a fault
+            // (that pull's and their windows') come within 1024 pages of it.
             let first = pages - pages / 4;
             let (dst, dest, dumped) = (&dst, &dest, &dumped);
             let quota = v.faults.div_ceil(v.threads as usize);
@@ -458,9 +459,10 @@ fn run_postcopy(len: u64, layout: Layout, vcpus: Option<Vcpus>, dump: Option<(&s
         let done = dest.wait_postcopy(PostcopyPhase::Done, Some(WAIT));
         run.pull_secs = running_at.elapsed().as_secs_f64();
         if let (Err(e), false) = (&done, touchers.is_empty()) {
-            // A failed post-copy leaves the vCPUs blocked on missing pages for
-            // good (documented): they cannot be joined, so nor can this scope.
-            println!("FAILED: wait_postcopy(Done) with vCPU threads running: {e}; they stay blocked: exiting");
+            // A failed post-copy releases the vCPUs blocked on missing pages
+            // with SIGSEGV (documented), which this program does not handle:
+            // they cannot be joined, so exit now (a SIGSEGV may come first).
+            println!("FAILED: wait_postcopy(Done) with vCPU threads running: {e}: exiting");
             std::process::exit(1);
         }
         for t in touchers {

@@ -1476,7 +1476,7 @@ rdmamig_status rdmamig_listener_event_fd(const struct rdmamig_listener *listener
 struct rdmamig_fabric *rdmamig_fabric_new(void);
 
 /**
- * A generated fat tree of `ports`-port switches (even, 4 to 252) with
+ * A generated fat tree of `ports`-port switches (even, 4 to 254) with
  * `levels` levels (2: leaves and spines; 3: pods of leaves and middle
  * switches, and cores), `width` leaves (2 levels) or pods (3 levels), at
  * most `ports`; `hosts_per_leaf` hypervisors on each leaf's down ports (at
@@ -1503,7 +1503,7 @@ rdmamig_status rdmamig_fabric_new_fat_tree(uint32_t ports,
 
 /**
  * Frees a fabric. NULL is a no-op. Must not be called twice on the same
- * fabric. Plans made from it stay valid.
+ * fabric. Plans made from it stay valid (they hold their own copies).
  */
 void rdmamig_fabric_free(struct rdmamig_fabric *fabric);
 
@@ -1718,7 +1718,10 @@ rdmamig_status rdmamig_fabric_plan_smp(const struct rdmamig_fabric_plan *plan,
  *
  * Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
  * `RDMAMIG_ERR_INVALID_ARGUMENT` (the plan is not for this fabric as it
- * is now, or the check failed: the message says where).
+ * is now, e.g. one of its LFT blocks changed since the plan was made,
+ * because another plan was applied: plan again; or the check failed: the
+ * message says where). Two plans made on one state of a fabric are not
+ * both valid: their SMPs, sent one after the other, could undo each other.
  */
 rdmamig_status rdmamig_fabric_apply(struct rdmamig_fabric *fabric,
                                     const struct rdmamig_fabric_plan *plan);
@@ -1922,11 +1925,12 @@ rdmamig_status rdmamig_conn_postcopy(struct rdmamig_conn *conn,
  * on a source, or when the connection ended without post-copy; or the
  * connection's error. A failure during post-copy (the source lost, the
  * liveness check) loses the guest: the library stops, never installs a page
- * it did not read, and makes the guest RAM blocks with missing pages
- * inaccessible (`PROT_NONE`), so a vCPU blocked on a missing page, or one
- * touching guest RAM later, gets SIGSEGV at that address (under KVM,
- * `KVM_RUN` fails with `EFAULT`) instead of blocking for ever; pages
- * already present keep their content. Stop the vCPUs.
+ * it did not read, and right after the error is visible it makes the guest
+ * RAM blocks with missing pages inaccessible (`PROT_NONE`), so a vCPU
+ * blocked on a missing page, or one touching guest RAM later, gets SIGSEGV
+ * at that address (under KVM, `KVM_RUN` fails with `EFAULT`) instead of
+ * blocking for ever; pages already present keep their content. The release
+ * is complete once `rdmamig_conn_close` returns. Stop the vCPUs.
  *
  * Thread safety: may run concurrently with other `const` uses of `conn`,
  * from any thread.

@@ -200,6 +200,35 @@ fn invalid_inputs_are_refused() {
         .contains("LIDs"));
 }
 
+/// Two plans made on one state of the fabric: once the first is applied,
+/// the second (which shares an LFT block with it) is refused and changes
+/// nothing, rather than undo the first's entries.
+#[test]
+fn a_plan_made_before_another_was_applied_is_refused() {
+    let t = FatTree::new(8, 2).generate().unwrap();
+    let pair = same_leaf_pair(&t).unwrap();
+    let first = plan(&t, &pair.migration(Mode::Copy)).unwrap();
+    // Another VM, on a third hypervisor of that leaf, to the last hypervisor (another leaf).
+    let (from, to) = (2, t.hypervisors().len() - 1);
+    assert!(![pair.from, pair.to].contains(&from) && ![pair.from, pair.to].contains(&to));
+    let vm = t.hypervisors()[from].vfs[0].lid;
+    let other = Migration { vm_lid: vm, from, to, mode: Mode::Copy, dest_vf_lid: None };
+    let second = plan(&t, &other).unwrap();
+    assert!(
+        second.lft.iter().any(|s| first.lft.iter().any(|f| (f.switch, f.block) == (s.switch, s.block))),
+        "the two plans share no LFT block"
+    );
+    let mut after = t.clone();
+    apply_checked(&mut after, &first).unwrap();
+    let before_second = after.clone();
+    let e = apply(&mut after, &second).unwrap_err();
+    assert!(e.message.contains("changed since the plan was made"), "{e}");
+    assert_eq!(after, before_second, "a refused plan changes nothing");
+    // Planned again on the new state, it applies and checks.
+    let again = plan(&after, &other).unwrap();
+    apply_checked(&mut after, &again).unwrap();
+}
+
 /// The check catches a plan that breaks the rules: one LFT SMP dropped
 /// (the VM's LID no longer reaches the destination from that switch), a
 /// wrong port written for another LID, and a swap that moves only one LID.
@@ -226,7 +255,7 @@ fn a_broken_plan_fails_the_check() {
     // partner's entries alone.
     let mut half = good.clone();
     half.lft.retain(|s| s.block == worst.vm_lid / 64);
-    fails(&half, "LID");
+    fails(&half, &format!("LID {} ends at Hypervisor({})", good.partner_lid, worst.to));
     let mut after = t.clone();
     apply_checked(&mut after, &good).unwrap();
 

@@ -9,7 +9,6 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -20,12 +19,13 @@ use rdmamig::{
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::vcpus::Vcpus;
 use crate::BenchArgs;
 
 /// The port when ADDR has none.
 pub const DEFAULT_PORT: u16 = 4444;
 /// The guest's page size (the dirtier's and the dirty bitmap's unit).
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 /// How often the progress bars are redrawn.
 const TICK: Duration = Duration::from_millis(100);
 /// The first line of the migration stream: what the source migrates.
@@ -84,7 +84,7 @@ pub fn split_addr(s: &str) -> Result<(String, u16), String> {
 // The guest's RAM.
 
 /// Anonymous private memory: the synthetic guest's RAM.
-struct Ram {
+pub(crate) struct Ram {
     ptr: *mut u8,
     len: usize,
 }
@@ -115,8 +115,21 @@ impl Ram {
         Ok(Ram { ptr: ptr.cast(), len })
     }
 
-    fn pages(&self) -> u64 {
+    pub(crate) fn pages(&self) -> u64 {
         self.len as u64 / PAGE
+    }
+
+    /// Where the mapping lies: address and length.
+    pub(crate) fn span(&self) -> (usize, usize) {
+        (self.ptr as usize, self.len)
+    }
+
+    /// The word at `offset`, read volatile (it must happen, and may fault).
+    ///
+    /// # Safety
+    /// `offset + 8` lies inside the mapping.
+    pub(crate) unsafe fn read_u64(&self, offset: u64) -> u64 {
+        (self.ptr.add(offset as usize) as *const u64).read_volatile()
     }
 
     /// Fills page `page` with random non-zero bytes drawn from `state`.
@@ -158,7 +171,7 @@ impl Drop for Ram {
     }
 }
 
-fn splitmix64(state: &mut u64) -> u64 {
+pub(crate) fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -457,7 +470,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
             let started = Instant::now();
             vcpus.start();
             let done = dest.wait_postcopy(PostcopyPhase::Done, None);
-            vcpus.stop.store(true, Ordering::Relaxed);
+            vcpus.stop();
             Some((vcpus, done.ok().map(|_| started.elapsed().as_secs_f64())))
         });
         while !reader.is_finished() {
@@ -489,12 +502,6 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     });
     spinner.finish_and_clear();
     let postcopy = dest.postcopy_progress();
-    let vcpus = vcpus.map(|mut v| {
-        if postcopy.phase == PostcopyPhase::Done {
-            v.join();
-        }
-        v
-    });
     if let Some(bar) = postcopy_bar {
         update_postcopy_bar(&bar, &postcopy);
         bar.finish();
@@ -553,6 +560,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
             "seconds": postcopy_time,
             "vcpus": args.vcpus,
             "vcpu_reads": vcpus.as_ref().map_or(0, Vcpus::reads),
+            "vcpus_paused": Vcpus::paused(),
         })),
         "sha256_expected": expected,
         "sha256": digest,
@@ -562,68 +570,6 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     });
     let ok = value["error"].is_null();
     Ok((value, ok))
-}
-
-/// The destination's "vCPUs": threads that read one word of a random guest
-/// page at a time while post-copy runs (a stale page faults and waits for
-/// its RDMA READ). Reads only, so the guest's memory stays the source's.
-struct Vcpus {
-    ram: Arc<Ram>,
-    count: u32,
-    stop: Arc<AtomicBool>,
-    reads: Arc<AtomicU64>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Vcpus {
-    fn new(ram: Arc<Ram>, count: u32) -> Self {
-        let (stop, reads) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-        Vcpus { ram, count, stop, reads, threads: Vec::new() }
-    }
-
-    fn start(&mut self) {
-        for i in 0..self.count {
-            let (ram, stop, reads) = (self.ram.clone(), self.stop.clone(), self.reads.clone());
-            let spawned = std::thread::Builder::new().name(format!("vcpu{i}")).spawn(move || {
-                let mut rng = 0x5eed_0000 + u64::from(i);
-                let pages = ram.pages();
-                let mut sum = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let page = splitmix64(&mut rng) % pages;
-                    let word = splitmix64(&mut rng) % (PAGE / 8);
-                    // SAFETY: inside the mapping; volatile: the read must happen (and fault).
-                    sum = sum.wrapping_add(unsafe {
-                        (ram.ptr.add((page * PAGE + word * 8) as usize) as *const u64).read_volatile()
-                    });
-                    reads.fetch_add(1, Ordering::Relaxed);
-                }
-                std::hint::black_box(sum);
-            });
-            // Fewer vCPUs if the system will not give us a thread.
-            if let Ok(t) = spawned {
-                self.threads.push(t);
-            }
-        }
-    }
-
-    /// Only once post-copy is done: a vCPU blocked on a page that never came cannot be joined.
-    fn join(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-
-    fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Vcpus {
-    /// Threads not joined (post-copy failed) stop at their next read, unless blocked on it.
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
 }
 
 fn postcopy_bar_for(show: bool, pages: u64) -> ProgressBar {
@@ -718,6 +664,10 @@ fn print_summary(v: &Value) {
                     pc["vcpu_reads"].as_u64().unwrap_or(0),
                     pc["vcpus"].as_u64().unwrap_or(0)
                 );
+                let paused = pc["vcpus_paused"].as_u64().unwrap_or(0);
+                if paused > 0 {
+                    println!("  vCPUs paused       {paused} (SIGSEGV in guest RAM: post-copy failed)");
+                }
             }
             println!("  sha256             {}", v["sha256"].as_str().unwrap_or("-"));
             println!("  source's sha256    {}", v["sha256_expected"].as_str().unwrap_or("-"));

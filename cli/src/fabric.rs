@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use rdmamig::fabric::{
-    apply_checked, plan, same_leaf_pair, table_i, worst_case_pair, FatTree, HypervisorSmp, Migration, Mode, Plan,
-    Topology, NO_ROUTE,
+    apply_checked, plan, same_leaf_pair, table_i, worst_case_pair, FatTree, HypervisorSmp, LftSmp, Migration, Mode,
+    Plan, Topology, LFT_BLOCK, NO_ROUTE,
 };
 use serde_json::{json, Value};
 
@@ -197,10 +197,13 @@ fn migration(args: &FabricPlanArgs, t: &Topology) -> Result<Migration, String> {
     })
 }
 
-/// The entries a block changes: (LID, old port, new port).
-fn changes(t: &Topology, switch: usize, block: u16, ports: &[u8; 64]) -> Vec<(u16, u8, u8)> {
-    let old = t.switches()[switch].block(block);
-    (0..64).filter(|&i| old[i] != ports[i]).map(|i| (block * 64 + i as u16, old[i], ports[i])).collect()
+/// The entries an LFT SMP changes: (LID, old port, new port).
+fn changes(smp: &LftSmp) -> Vec<(u16, u8, u8)> {
+    let first = smp.block * LFT_BLOCK as u16;
+    (0..LFT_BLOCK)
+        .filter(|&i| smp.old[i] != smp.ports[i])
+        .map(|i| (first + i as u16, smp.old[i], smp.ports[i]))
+        .collect()
 }
 
 fn to_json(t: &Topology, p: &Plan, check: &Result<(), String>) -> Value {
@@ -231,7 +234,7 @@ fn to_json(t: &Topology, p: &Plan, check: &Result<(), String>) -> Value {
             "switch_lid": s.switch_lid,
             "block": s.block,
             "ports": s.ports.to_vec(),
-            "changes": changes(t, s.switch, s.block, &s.ports).iter()
+            "changes": changes(s).iter()
                 .map(|(lid, old, new)| json!({"lid": lid, "old_port": old, "new_port": new}))
                 .collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -294,7 +297,7 @@ fn print_report(t: &Topology, description: &str, p: &Plan, check: &Result<(), St
     println!();
     println!("LFT SMPs (switch LID, block: the entries that change):");
     for s in &p.lft {
-        let ch: Vec<String> = changes(t, s.switch, s.block, &s.ports)
+        let ch: Vec<String> = changes(s)
             .iter()
             .map(|(lid, old, new)| format!("LID {lid}: port {} -> {}", port(*old), port(*new)))
             .collect();

@@ -13,6 +13,7 @@
 mod bench;
 mod doctor;
 mod fabric;
+mod vcpus;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

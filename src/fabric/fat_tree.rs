@@ -1,13 +1,10 @@
 //! Fat-tree generators with deterministic d-mod-k up/down routing, and the
 //! reproduction of Table I of Tasoulas et al. (IEEE Cluster 2015).
 
+use super::invalid;
 use super::plan::{plan, Migration, Mode};
-use super::topology::{Topology, MAX_PORTS, MAX_UNICAST_LID, NO_ROUTE};
-use crate::{Error, ErrorKind, Result};
-
-fn invalid(message: String) -> Error {
-    Error::new(ErrorKind::InvalidArgument, message)
-}
+use super::topology::{Topology, LFT_BLOCK, MAX_PORTS, MAX_UNICAST_LID, NO_ROUTE};
+use crate::Result;
 
 /// A fat tree of `ports`-port switches (k = `ports`, even).
 ///
@@ -97,7 +94,7 @@ impl FatTree {
     fn validate(&self) -> Result<()> {
         let k = self.ports;
         if k < 4 || k % 2 != 0 || k > MAX_PORTS {
-            return Err(invalid(format!("fat tree: {k} ports (an even number from 4 to {})", MAX_PORTS - 1)));
+            return Err(invalid(format!("fat tree: {k} ports (an even number from 4 to {MAX_PORTS})")));
         }
         if self.levels != 2 && self.levels != 3 {
             return Err(invalid(format!("fat tree: {} levels (2 or 3)", self.levels)));
@@ -282,7 +279,11 @@ pub fn same_leaf_pair(t: &Topology) -> Option<Pair> {
     for (from, x) in h.iter().enumerate() {
         for (to, y) in h.iter().enumerate().filter(|(j, y)| *j != from && y.switch == x.switch) {
             for a in x.vfs.iter().filter(|v| v.lid != 0) {
-                if let Some(b) = y.vfs.iter().find(|v| v.lid != 0 && !v.in_use && v.lid / 64 == a.lid / 64) {
+                if let Some(b) = y
+                    .vfs
+                    .iter()
+                    .find(|v| v.lid != 0 && !v.in_use && v.lid / LFT_BLOCK as u16 == a.lid / LFT_BLOCK as u16)
+                {
                     return Some(Pair { vm_lid: a.lid, from, to, dest_vf_lid: b.lid });
                 }
             }
@@ -301,7 +302,11 @@ pub fn worst_case_pair(t: &Topology) -> Option<Pair> {
     for (from, x) in h.iter().enumerate().take_while(|(_, x)| x.switch == first_leaf) {
         for a in x.vfs.iter().filter(|v| v.lid != 0) {
             for (to, y) in h.iter().enumerate().rev().filter(|(_, y)| y.switch != first_leaf) {
-                for b in y.vfs.iter().filter(|v| v.lid != 0 && !v.in_use && v.lid / 64 != a.lid / 64) {
+                for b in y
+                    .vfs
+                    .iter()
+                    .filter(|v| v.lid != 0 && !v.in_use && v.lid / LFT_BLOCK as u16 != a.lid / LFT_BLOCK as u16)
+                {
                     if t.switches().iter().all(|s| s.port_for(a.lid) != s.port_for(b.lid)) {
                         return Some(Pair { vm_lid: a.lid, from, to, dest_vf_lid: b.lid });
                     }

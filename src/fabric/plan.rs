@@ -3,12 +3,9 @@
 
 use std::collections::HashMap;
 
+use super::invalid;
 use super::topology::{Owner, Topology, WalkEnd, LFT_BLOCK};
-use crate::{Error, ErrorKind, Result};
-
-fn invalid(message: String) -> Error {
-    Error::new(ErrorKind::InvalidArgument, message)
-}
+use crate::Result;
 
 /// How the fabric gives LIDs to VFs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +43,9 @@ pub struct LftSmp {
     pub block: u16,
     /// The block's 64 new entries.
     pub ports: [u8; LFT_BLOCK],
+    /// The 64 entries the plan was made on: [`apply`] refuses the plan if
+    /// the switch holds others (a plan made before another was applied).
+    pub old: [u8; LFT_BLOCK],
 }
 
 /// An SMP to a hypervisor's vSwitch (counted apart from the LFT SMPs).
@@ -153,15 +153,17 @@ pub fn plan(topology: &Topology, m: &Migration) -> Result<Plan> {
         match m.mode {
             Mode::Swap if ea != eb => {
                 if block_a == block_b {
-                    let mut ports = s.block(block_a);
+                    let old = s.block(block_a);
+                    let mut ports = old;
                     ports[off(a)] = eb;
                     ports[off(b)] = ea;
-                    lft.push(LftSmp { switch: i, switch_lid: s.lid, block: block_a, ports });
+                    lft.push(LftSmp { switch: i, switch_lid: s.lid, block: block_a, ports, old });
                 } else {
                     for (lid, block, new) in [(a, block_a, eb), (b, block_b, ea)] {
-                        let mut ports = s.block(block);
+                        let old = s.block(block);
+                        let mut ports = old;
                         ports[off(lid)] = new;
-                        lft.push(LftSmp { switch: i, switch_lid: s.lid, block, ports });
+                        lft.push(LftSmp { switch: i, switch_lid: s.lid, block, ports, old });
                     }
                 }
             }
@@ -170,9 +172,10 @@ pub fn plan(topology: &Topology, m: &Migration) -> Result<Plan> {
                 // end at this switch) and only the last hop changes.
                 let want = if same_switch { to.port } else { s.port_for(to.pf_lid) };
                 if ea != want {
-                    let mut ports = s.block(block_a);
+                    let old = s.block(block_a);
+                    let mut ports = old;
                     ports[off(a)] = want;
-                    lft.push(LftSmp { switch: i, switch_lid: s.lid, block: block_a, ports });
+                    lft.push(LftSmp { switch: i, switch_lid: s.lid, block: block_a, ports, old });
                 }
             }
             Mode::Swap => {}
@@ -201,15 +204,23 @@ pub fn plan(topology: &Topology, m: &Migration) -> Result<Plan> {
 
 /// Writes the plan's LFT blocks and VF LIDs into `topology` (what sending
 /// its SMPs does). Everything is checked first: a plan that does not fit
-/// the topology (switch or VF gone, LIDs moved meanwhile) changes nothing.
+/// the topology (switch or VF gone, LIDs moved meanwhile, an LFT block no
+/// longer what the plan was made on, e.g. by another plan applied since)
+/// changes nothing.
 pub fn apply(topology: &mut Topology, plan: &Plan) -> Result<()> {
     for smp in &plan.lft {
-        match topology.switches().get(smp.switch) {
-            Some(s) if s.lid == smp.switch_lid => {}
-            _ => return Err(invalid(format!("plan: no switch {} with LID {}", smp.switch, smp.switch_lid))),
-        }
         if usize::from(smp.block) * LFT_BLOCK > usize::from(super::MAX_UNICAST_LID) {
             return Err(invalid(format!("plan: LFT block {} is past the unicast LIDs", smp.block)));
+        }
+        match topology.switches().get(smp.switch) {
+            Some(s) if s.lid == smp.switch_lid && s.block(smp.block) == smp.old => {}
+            Some(s) if s.lid == smp.switch_lid => {
+                return Err(invalid(format!(
+                    "plan: LFT block {} of switch LID {} changed since the plan was made (plan again)",
+                    smp.block, smp.switch_lid
+                )))
+            }
+            _ => return Err(invalid(format!("plan: no switch {} with LID {}", smp.switch, smp.switch_lid))),
         }
     }
     for smp in &plan.hypervisor {

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use crate::{Error, ErrorKind, Result};
+use super::invalid;
+use crate::Result;
 
 /// An LFT entry that routes nowhere (the SM's "no route": 0xFF).
 pub const NO_ROUTE: u8 = 0xFF;
@@ -14,10 +15,6 @@ pub const LFT_BLOCK: usize = 64;
 pub const MAX_UNICAST_LID: u16 = 0xBFFF;
 /// The most ports a switch may have here (255 is reserved, 0xFF is [`NO_ROUTE`]).
 pub const MAX_PORTS: u8 = 254;
-
-fn invalid(message: String) -> Error {
-    Error::new(ErrorKind::InvalidArgument, message)
-}
 
 /// A switch: its LID, its number of external ports (1..=`ports`; port 0 is
 /// the switch itself) and its LFT (`lft[lid]` = output port; missing

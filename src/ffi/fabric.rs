@@ -168,7 +168,7 @@ pub extern "C" fn rdmamig_fabric_new() -> *mut rdmamig_fabric {
     }
 }
 
-/// A generated fat tree of `ports`-port switches (even, 4 to 252) with
+/// A generated fat tree of `ports`-port switches (even, 4 to 254) with
 /// `levels` levels (2: leaves and spines; 3: pods of leaves and middle
 /// switches, and cores), `width` leaves (2 levels) or pods (3 levels), at
 /// most `ports`; `hosts_per_leaf` hypervisors on each leaf's down ports (at
@@ -215,7 +215,7 @@ pub extern "C" fn rdmamig_fabric_new_fat_tree(
 }
 
 /// Frees a fabric. NULL is a no-op. Must not be called twice on the same
-/// fabric. Plans made from it stay valid.
+/// fabric. Plans made from it stay valid (they hold their own copies).
 #[no_mangle]
 pub extern "C" fn rdmamig_fabric_free(fabric: *mut rdmamig_fabric) {
     ffi_boundary! {
@@ -637,7 +637,10 @@ pub extern "C" fn rdmamig_fabric_plan_smp(
 ///
 /// Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` (the plan is not for this fabric as it
-/// is now, or the check failed: the message says where).
+/// is now, e.g. one of its LFT blocks changed since the plan was made,
+/// because another plan was applied: plan again; or the check failed: the
+/// message says where). Two plans made on one state of a fabric are not
+/// both valid: their SMPs, sent one after the other, could undo each other.
 #[no_mangle]
 pub extern "C" fn rdmamig_fabric_apply(
     fabric: *mut rdmamig_fabric,

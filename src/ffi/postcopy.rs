@@ -216,11 +216,12 @@ pub extern "C" fn rdmamig_conn_postcopy(
 /// on a source, or when the connection ended without post-copy; or the
 /// connection's error. A failure during post-copy (the source lost, the
 /// liveness check) loses the guest: the library stops, never installs a page
-/// it did not read, and makes the guest RAM blocks with missing pages
-/// inaccessible (`PROT_NONE`), so a vCPU blocked on a missing page, or one
-/// touching guest RAM later, gets SIGSEGV at that address (under KVM,
-/// `KVM_RUN` fails with `EFAULT`) instead of blocking for ever; pages
-/// already present keep their content. Stop the vCPUs.
+/// it did not read, and right after the error is visible it makes the guest
+/// RAM blocks with missing pages inaccessible (`PROT_NONE`), so a vCPU
+/// blocked on a missing page, or one touching guest RAM later, gets SIGSEGV
+/// at that address (under KVM, `KVM_RUN` fails with `EFAULT`) instead of
+/// blocking for ever; pages already present keep their content. The release
+/// is complete once `rdmamig_conn_close` returns. Stop the vCPUs.
 ///
 /// Thread safety: may run concurrently with other `const` uses of `conn`,
 /// from any thread.

@@ -199,9 +199,10 @@ impl Destination {
     /// (not before); [`PostcopyPhase::Done`]: every stale page is in place.
     /// Fails with the connection's error if it ends first, or with
     /// `Timeout`; `Duration::ZERO` never waits (`WouldBlock` while the phase
-    /// is not reached). After a failure in post-copy the post-copy blocks
-    /// are PROT_NONE and threads blocked on them get SIGSEGV (the README's
-    /// post-copy failure semantics): stop the VM. Any thread.
+    /// is not reached). Right after a failure in post-copy is visible the
+    /// post-copy blocks become PROT_NONE and threads blocked on them get
+    /// SIGSEGV (the README's post-copy failure semantics; complete once
+    /// `close` returns): stop the VM. Any thread.
     pub fn wait_postcopy(&self, phase: PostcopyPhase, timeout: Option<Duration>) -> Result<PostcopyProgress> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.shared.state.lock();

@@ -96,6 +96,9 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
                 format!("post-copy needs page-aligned blocks: '{}' is not", block.name),
             ));
         }
+        if b.remote_addr.checked_add(b.length).is_none() {
+            return Err(protocol(format!("block {} at {:#x} wraps the address space", b.block_index, b.remote_addr)));
+        }
         if b.stale_pages > 0 {
             plan.push(PlanBlock {
                 host: block.host,
@@ -288,11 +291,14 @@ impl Drop for Blocked {
             // SAFETY: a guest RAM block the registry keeps mapped; only its
             // protection changes (the library never touches it again).
             if unsafe { libc::mprotect(host as *mut _, len as usize, libc::PROT_NONE) } != 0 {
+                // Woken, its threads would only fault and block again.
                 let e = std::io::Error::last_os_error();
-                logging::error(format_args!("destination: post-copy failure: mprotect(PROT_NONE) of a block: {e}"));
+                logging::error(format_args!(
+                    "destination: post-copy failure: mprotect(PROT_NONE) of a block: {e}: threads blocked on it \
+                     stay blocked"
+                ));
+                continue;
             }
-        }
-        for &(host, len) in &self.spans {
             if let Err(e) = uffd.wake(host as u64, len) {
                 logging::error(format_args!("destination: post-copy failure: waking blocked threads: {e}"));
             }
