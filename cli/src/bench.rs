@@ -383,9 +383,8 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
     let mut postcopy = Value::Null;
     let sent = source.put(format!("sha256 {digest}\n").as_bytes()).and_then(|()| {
         let Some(bitmap) = stale.take() else { return Ok(()) };
-        if show {
-            eprintln!("post-copy: the destination pulls {final_pages} stale pages");
-        }
+        // Always said (a test kills the source on it), on stderr.
+        eprintln!("post-copy: the destination pulls {final_pages} stale pages");
         let started = Instant::now();
         let summary = source.postcopy(&[StalePages { block: 0, bitmap }])?;
         total_secs = start.elapsed().as_secs_f64();
@@ -466,7 +465,9 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
         // (never before), and stop once every page is in (this program's choice).
         let dest = &dest;
         let pilot = s.spawn(move || {
-            dest.wait_postcopy(PostcopyPhase::Running, None).ok()?;
+            let running = dest.wait_postcopy(PostcopyPhase::Running, None).ok()?;
+            // Always said (a test kills the source on it), on stderr.
+            eprintln!("post-copy: running, {} stale pages", running.pages_total);
             let started = Instant::now();
             vcpus.start();
             let done = dest.wait_postcopy(PostcopyPhase::Done, None);

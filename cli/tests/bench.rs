@@ -5,7 +5,7 @@
 //! SHA-256 travels in the stream).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 
 use serde_json::Value;
 
@@ -19,6 +19,14 @@ fn ip() -> String {
 
 /// A destination process and the port it listens on (read from its stderr).
 fn spawn_destination(args: &[&str]) -> (Child, u16) {
+    let (child, port, mut stderr) = start_destination(args);
+    // Keep draining its stderr so it never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::stderr()));
+    (child, port)
+}
+
+/// As `spawn_destination`, with the rest of its stderr for the caller to read (and drain).
+fn start_destination(args: &[&str]) -> (Child, u16, BufReader<ChildStderr>) {
     let mut child = Command::new(exe())
         .args(["bench", "--json", "--listen", &format!("{}:0", ip())])
         .args(args)
@@ -44,9 +52,7 @@ fn spawn_destination(args: &[&str]) -> (Child, u16) {
         let status = child.wait();
         panic!("the destination did not say where it listens ({line:?}); it exited: {status:?}");
     };
-    // Keep draining its stderr so it never blocks on it.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::stderr()));
-    (child, port)
+    (child, port, stderr)
 }
 
 /// Runs one migration; the source's and the destination's JSON and exit statuses.
@@ -170,6 +176,43 @@ fn bench_postcopy_pulls_the_stale_pages_byte_identical() {
     let sha = s["sha256"].as_str().unwrap();
     assert_eq!((d["sha256_expected"].as_str(), d["sha256"].as_str()), (Some(sha), Some(sha)));
     assert_eq!(d["identical"], true);
+}
+
+/// The source killed during post-copy: the destination reports the failure
+/// and exits 1 (its vCPU threads, released by SIGSEGV, are paused by its
+/// handler rather than killing it).
+#[test]
+fn bench_postcopy_source_killed_destination_reports_and_survives() {
+    let (dest, port, mut dest_err) = start_destination(&["--size", "128M", "--vcpus", "4"]);
+    let mut src = Command::new(exe())
+        .args(["bench", "--json", &format!("{}:{port}", ip())])
+        .args(["--size", "128M", "--dirty-rate", "20000", "--postcopy-after", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the source starts");
+    // Once the destination runs post-copy, let its vCPUs fault on stale pages; then the source is gone.
+    let mut line = String::new();
+    while !line.starts_with("post-copy: running") {
+        line.clear();
+        assert!(matches!(dest_err.read_line(&mut line), Ok(n) if n > 0), "the destination ended before post-copy");
+        eprint!("destination: {line}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    src.kill().unwrap();
+    let _ = src.wait();
+    std::thread::spawn(move || std::io::copy(&mut dest_err, &mut std::io::stderr()));
+    let out = dest.wait_with_output().expect("the destination ends");
+    assert_eq!(out.status.code(), Some(1), "the destination exits 1 (not killed by a signal): {:?}", out.status);
+    let d: Value = serde_json::from_slice(&out.stdout).expect("the destination's --json");
+    println!("destination: {d}");
+    assert_eq!(d["ending"], "failed", "{d}");
+    // A failed READ (the source's memory is gone) or the disconnect, whichever comes first.
+    assert!(d["error"].as_str().is_some_and(|e| !e.is_empty()), "{d}");
+    let pc = &d["postcopy"];
+    assert!(pc["pages_remaining"].as_u64().is_some_and(|n| n > 0), "the kill came after post-copy ended: {d}");
+    assert!(pc["vcpus_paused"].as_u64().is_some_and(|n| n <= 4), "{d}");
+    assert_eq!(d["identical"], false);
 }
 
 #[test]
