@@ -13,7 +13,10 @@
 //! connection's one CQ, which only its owner polls.
 
 use std::collections::{HashSet, VecDeque};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::mpsc::{self, Receiver, Sender};
 
+use super::installer::{self, Done, EventFd, Job};
 use super::uffd::{Installed, Userfault};
 use super::{PostcopyPhase, Progress};
 use crate::engine::link::Link;
@@ -31,6 +34,8 @@ const PAGE: u64 = POSTCOPY_PAGE_SIZE;
 const PULL_PAGES: u64 = 16;
 /// Background reads in flight at most.
 const PULL_DEPTH: usize = 4;
+/// Pull slots: the reads in flight, and completed ones being installed.
+const PULL_SLOTS: usize = PULL_DEPTH + 2;
 /// Fault reads in flight at most (more faults queue).
 const FAULT_SLOTS: usize = 16;
 /// After a fault, background reads are held back this long (at most one in
@@ -126,7 +131,7 @@ impl Drop for Mapping {
     }
 }
 
-/// The registered staging buffer the READs land in: `PULL_DEPTH` pull
+/// The registered staging buffer the READs land in: `PULL_SLOTS` pull
 /// slots, then `FAULT_SLOTS` pages. `mr` is declared first, so it is
 /// deregistered (no more DMA into the memory) before the memory is unmapped.
 struct Staging {
@@ -136,7 +141,7 @@ struct Staging {
 
 impl Staging {
     fn new(link: &Link) -> Result<Staging> {
-        let len = (PULL_DEPTH as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE) as usize;
+        let len = (PULL_SLOTS as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE) as usize;
         // SAFETY: a fresh private anonymous mapping.
         let base = unsafe {
             libc::mmap(
@@ -162,7 +167,7 @@ impl Staging {
     }
 
     fn fault_slot(&self, j: usize) -> u64 {
-        PULL_DEPTH as u64 * PULL_PAGES * PAGE + j as u64 * PAGE
+        PULL_SLOTS as u64 * PULL_PAGES * PAGE + j as u64 * PAGE
     }
 
     fn sge(&self, at: u64, len: u64) -> Sge {
@@ -215,7 +220,13 @@ struct Puller<'a> {
     /// Windows (block, window) to pull before the cursor's, newest first:
     /// each fault's and the one after it (guests touch memory in runs).
     hot: VecDeque<(usize, u64)>,
-    pulls: [Option<Pull>; PULL_DEPTH],
+    /// Busy pull slots: read in flight, or (`installing`) handed to the installer.
+    pulls: [Option<Pull>; PULL_SLOTS],
+    installing: [bool; PULL_SLOTS],
+    installer: Sender<Job>,
+    installed: Receiver<Done>,
+    /// Signalled by the installer after each result (in the epoll set `pump` watches).
+    installer_wake: &'a EventFd,
     faults: [Option<(usize, u64)>; FAULT_SLOTS],
     queued: VecDeque<(usize, u64)>,
     /// Pages with a fault read in flight or queued.
@@ -355,37 +366,53 @@ pub(crate) fn run(
     ));
     running();
     let announced = blocks.iter().map(|b| b.stale.clone()).collect();
-    let mut p = Puller {
-        blocks,
-        uffd,
-        staging,
-        progress,
-        remaining: total,
-        cursor: (0, 0),
-        hot: VecDeque::with_capacity(HOT_WINDOWS),
-        pulls: Default::default(),
-        faults: Default::default(),
-        queued: VecDeque::new(),
-        faulting: HashSet::new(),
-        done: Vec::new(),
-        addrs: Vec::new(),
-        announced,
-        last_fault: None,
-        last_pull: None,
-    };
-    p.serve(link)?;
+    let installer_wake = EventFd::new()?;
+    let events = installer::epoll_of(&[uffd.fd(), installer_wake.fd()])?;
+    let (jobs, job_queue) = mpsc::channel();
+    let (results, installed) = mpsc::channel();
+    std::thread::scope(|s| {
+        let wake = &installer_wake;
+        std::thread::Builder::new()
+            .name("rdmamig-install".into())
+            .spawn_scoped(s, move || installer::run(uffd, PAGE, job_queue, results, wake))
+            .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the post-copy installer thread: {e}")))?;
+        // Dropping the puller (its job sender) ends the installer, which the scope joins.
+        let mut p = Puller {
+            blocks,
+            uffd,
+            staging,
+            progress,
+            remaining: total,
+            cursor: (0, 0),
+            hot: VecDeque::with_capacity(HOT_WINDOWS),
+            pulls: Default::default(),
+            installing: [false; PULL_SLOTS],
+            installer: jobs,
+            installed,
+            installer_wake: wake,
+            faults: Default::default(),
+            queued: VecDeque::new(),
+            faulting: HashSet::new(),
+            done: Vec::new(),
+            addrs: Vec::new(),
+            announced,
+            last_fault: None,
+            last_pull: None,
+        };
+        p.serve(link, events.as_raw_fd())
+    })?;
     let summary = PostcopySummary {
         pages: total,
         faults: progress.faults_served.load(Ordering::Relaxed),
         bytes: progress.bytes_pulled.load(Ordering::Relaxed),
     };
-    drop(p);
     blocked.take().expect("kept while running").completed();
     Ok(summary)
 }
 
 impl Puller<'_> {
-    fn serve(&mut self, link: &mut Link) -> Result<()> {
+    /// The loop; `events` is readable when the userfaultfd or the installer has news.
+    fn serve(&mut self, link: &mut Link, events: RawFd) -> Result<()> {
         loop {
             self.take_faults()?;
             self.post_faults(link)?;
@@ -398,13 +425,37 @@ impl Puller<'_> {
             }
             self.done = done;
             self.done.clear();
+            self.take_installed()?;
             let hold = self.post_pulls(link)?;
             let idle = self.pulls.iter().all(Option::is_none) && self.faults.iter().all(Option::is_none);
             if self.remaining == 0 && idle {
                 return Ok(());
             }
-            link.pump(self.uffd.fd(), hold.unwrap_or(Duration::from_millis(100)))?;
+            link.pump(events, hold.unwrap_or(Duration::from_millis(100)))?;
         }
+    }
+
+    /// The installer's results: frees their slots and counts their pages
+    /// (those still stale: a fault may have installed some meanwhile).
+    fn take_installed(&mut self) -> Result<()> {
+        self.installer_wake.drain();
+        while let Ok(done) = self.installed.try_recv() {
+            let skipped = done.skipped?;
+            let pull = self.pulls[done.slot].take().ok_or_else(|| stray(done.slot as u64))?;
+            self.installing[done.slot] = false;
+            self.progress.pages_skipped.fetch_add(skipped, Ordering::Relaxed);
+            let b = &mut self.blocks[pull.block];
+            let mut n = 0;
+            for p in pull.first..pull.first + pull.pages {
+                if test_bit(&b.stale, p) {
+                    clear_bit(&mut b.stale, p);
+                    n += 1;
+                }
+            }
+            self.remaining -= n;
+            self.progress.pages_remaining.store(self.remaining, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Reads the fault messages waiting and sorts each fault out.
@@ -467,13 +518,18 @@ impl Puller<'_> {
         let held = !self.faulting.is_empty() || since_fault.is_some_and(|d| d < PULL_HOLD);
         if held {
             let since_pull = self.last_pull.map_or(Duration::MAX, |t| t.elapsed());
-            if self.pulls.iter().any(Option::is_some) || since_pull < PULL_TRICKLE {
+            let reading = (0..PULL_SLOTS).any(|j| self.pulls[j].is_some() && !self.installing[j]);
+            if reading || since_pull < PULL_TRICKLE {
                 let hold_left = PULL_HOLD.saturating_sub(since_fault.unwrap_or_default());
                 let trickle_left = PULL_TRICKLE.saturating_sub(since_pull);
                 return Ok(Some(hold_left.min(trickle_left).max(Duration::from_micros(100))));
             }
         }
-        for i in 0..PULL_DEPTH {
+        for i in 0..PULL_SLOTS {
+            let reading = (0..PULL_SLOTS).filter(|&j| self.pulls[j].is_some() && !self.installing[j]).count();
+            if reading >= PULL_DEPTH {
+                break;
+            }
             if self.pulls[i].is_some() {
                 continue;
             }
@@ -576,21 +632,34 @@ impl Puller<'_> {
             return Ok(());
         }
         let i = tag as usize;
-        let pull = self.pulls.get_mut(i).and_then(Option::take).ok_or_else(|| stray(tag))?;
+        let pull = match self.pulls.get(i) {
+            Some(Some(pull)) if !self.installing[i] => pull,
+            _ => return Err(stray(tag)),
+        };
         self.progress.bytes_pulled.fetch_add(pull.pages * PAGE, Ordering::Relaxed);
-        let base = self.staging.pull_slot(i);
-        // Install each run of pages still stale (a fault may have installed some).
+        // Hand each run of pages still stale (a fault may have installed
+        // some) to the installer; the slot stays busy until it is done.
+        let (b, base) = (&self.blocks[pull.block], self.staging.pull_slot(i));
         let end = pull.first + pull.pages;
+        let mut runs = Vec::new();
         let mut at = pull.first;
-        while let Some(first) = next_set(&self.blocks[pull.block].stale, at, end) {
+        while let Some(first) = next_set(&b.stale, at, end) {
             let mut last = first + 1;
-            while last < end && test_bit(&self.blocks[pull.block].stale, last) {
+            while last < end && test_bit(&b.stale, last) {
                 last += 1;
             }
-            self.install(pull.block, first, last - first, base + (first - pull.first) * PAGE)?;
+            let src = self.staging.ptr(base + (first - pull.first) * PAGE);
+            runs.push((b.host as u64 + first * PAGE, src, (last - first) * PAGE));
             at = last;
         }
-        Ok(())
+        if runs.is_empty() {
+            self.pulls[i] = None;
+            return Ok(());
+        }
+        self.installing[i] = true;
+        self.installer
+            .send(Job { slot: i, runs })
+            .map_err(|_| Error::new(ErrorKind::State, "post-copy: the installer thread is gone"))
     }
 
     /// UFFDIO_COPY of `n` stale pages from staging offset `at`; pages found

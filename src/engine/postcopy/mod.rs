@@ -20,7 +20,8 @@
 //! 4 KiB RDMA READ on the fault QP into a registered staging slot, then `UFFDIO_COPY`, which
 //! wakes the faulting threads) and pulls the rest in the background (reads
 //! of up to 64 KiB, a few in flight; the windows of recent faults and the
-//! ones after them first, then in address order). `UFFDIO_COPY` never overwrites: a page
+//! ones after them first, then in address order; the `installer` thread
+//! installs their pages). `UFFDIO_COPY` never overwrites: a page
 //! already present (a fault installed it, or the guest wrote it after its
 //! fault) makes it fail with EEXIST, and that page is skipped. When no stale
 //! page is left it closes the userfaultfd and answers POSTCOPY_DONE.
@@ -42,6 +43,7 @@
 //! run on zero-filled pages; SIGBUS through `UFFDIO_POISON` needs Linux 6.6.
 
 pub(crate) mod destination;
+mod installer;
 pub(crate) mod source;
 mod uffd;
 
