@@ -64,11 +64,11 @@ const SEED: u64 = 0x5eed_0b5e_55ed_1234;
 const FINAL_SEED: u64 = 0xf1a1_f1a1_0000_0001;
 const WAIT: Duration = Duration::from_secs(600);
 
-type R<T> = Result<T, String>;
+#[path = "common/perftest.rs"]
+mod perftest;
+use perftest::{ip, perftest};
 
-fn ip() -> String {
-    std::env::var("RXE_VM_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
+type R<T> = Result<T, String>;
 
 // ---------------------------------------------------------------------------
 // Guest content: every page's bytes follow from (seed, page number), so the
@@ -361,61 +361,15 @@ struct Memory {
 /// A loaded guest may not have the server listening when the client
 /// connects (the client then fails with a rejected connection): three tries.
 fn anchor(size: u64, secs: u32) -> R<f64> {
-    let mut result = anchor_once(size, secs);
-    for _ in 1..3 {
-        if result.is_ok() {
-            break;
-        }
-        progress(&format!("ib_write_bw -s {size} failed, again: {}", result.as_ref().unwrap_err()));
-        result = anchor_once(size, secs);
-    }
-    result
-}
-
-fn anchor_once(size: u64, secs: u32) -> R<f64> {
-    let dev = std::env::var("RXE_VM_DEV").unwrap_or_else(|_| "rxe0".into());
-    let bw = |client: bool| {
-        let mut c = Command::new("timeout");
-        c.args(["60", "ib_write_bw", "-R", "-F", "-d", &dev, "-s", &size.to_string(), "-t", "16", "-D"])
-            .arg(secs.to_string())
-            .arg("--report_gbits")
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .stdout(Stdio::piped());
-        if client {
-            c.arg(ip());
-        }
-        c.spawn().map_err(|e| format!("ib_write_bw: {e}"))
-    };
-    let server = bw(false)?;
-    thread::sleep(Duration::from_secs(2));
-    let client = bw(true).and_then(|c| c.wait_with_output().map_err(|e| e.to_string()));
-    if !client.as_ref().is_ok_and(|c| c.status.success()) {
-        // The server waits for a client until `timeout` ends it: end it now
-        // (SIGTERM, which `timeout` passes on to ib_write_bw).
-        // SAFETY: kill has no memory preconditions; the pid is our unreaped child's.
-        unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
-    }
-    let server = server.wait_with_output().map_err(|e| e.to_string())?;
-    let client = client?;
-    let out = String::from_utf8_lossy(&client.stdout);
+    let (size_arg, secs_arg) = (size.to_string(), secs.to_string());
+    let out = perftest("ib_write_bw", &["-s", &size_arg, "-t", "16", "-D", &secs_arg, "--report_gbits"])?;
     // The line after the "#bytes #iterations BW peak BW average MsgRate" header.
-    let gbps = out
-        .lines()
+    out.lines()
         .skip_while(|l| !l.trim_start().starts_with("#bytes"))
         .nth(1)
         .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|v| v.parse::<f64>().ok());
-    match gbps {
-        Some(g) if client.status.success() && server.status.success() => Ok(g),
-        _ => Err(format!(
-            "ib_write_bw -s {size}: client {} server {}\n{out}{}{}",
-            client.status,
-            server.status,
-            String::from_utf8_lossy(&client.stderr),
-            String::from_utf8_lossy(&server.stderr)
-        )),
-    }
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or_else(|| format!("ib_write_bw -s {size}: no bandwidth in its output\n{out}"))
 }
 
 // ---------------------------------------------------------------------------

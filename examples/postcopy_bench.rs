@@ -64,7 +64,6 @@
 //! guest.
 
 use std::fmt::Write as _;
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -82,11 +81,11 @@ const RUN_PAGES: u64 = 16;
 const SEED: u64 = 0x5eed_0c0b_1e55_0013;
 const WAIT: Duration = Duration::from_secs(600);
 
-type R<T> = Result<T, String>;
+#[path = "common/perftest.rs"]
+mod perftest;
+use perftest::{ip, perftest};
 
-fn ip() -> String {
-    std::env::var("RXE_VM_IP").unwrap_or_else(|_| "198.18.0.1".into())
-}
+type R<T> = Result<T, String>;
 
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -105,60 +104,6 @@ fn now_ns() -> u64 {
 
 // ---------------------------------------------------------------------------
 // 1. Anchors.
-
-/// One perftest measurement: server, then (2 s later) client on this host's
-/// RDMA address; the client's output. Three tries: in a loaded guest the
-/// client can reach the server before it listens.
-fn perftest(tool: &str, args: &[&str]) -> R<String> {
-    let mut result = perftest_once(tool, args);
-    for _ in 1..3 {
-        if result.is_ok() {
-            break;
-        }
-        progress(&format!("{tool} {} failed, again: {}", args.join(" "), result.as_ref().unwrap_err()));
-        result = perftest_once(tool, args);
-    }
-    result
-}
-
-fn perftest_once(tool: &str, args: &[&str]) -> R<String> {
-    let dev = std::env::var("RXE_VM_DEV").unwrap_or_else(|_| "rxe0".into());
-    let spawn = |client: bool| {
-        let mut c = Command::new("timeout");
-        c.args(["60", tool, "-R", "-F", "-d", &dev])
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .stdout(Stdio::piped());
-        if client {
-            c.arg(ip());
-        }
-        c.spawn().map_err(|e| format!("{tool}: {e}"))
-    };
-    let server = spawn(false)?;
-    thread::sleep(Duration::from_secs(2));
-    let client = spawn(true).and_then(|c| c.wait_with_output().map_err(|e| e.to_string()));
-    if !client.as_ref().is_ok_and(|c| c.status.success()) {
-        // The server waits for a client until `timeout` ends it: end it now.
-        // SAFETY: kill has no memory preconditions; the pid is our unreaped child's.
-        unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
-    }
-    let server = server.wait_with_output().map_err(|e| e.to_string())?;
-    let client = client?;
-    let out = String::from_utf8_lossy(&client.stdout).into_owned();
-    if client.status.success() && server.status.success() && out.contains("#bytes") {
-        Ok(out)
-    } else {
-        Err(format!(
-            "{tool} {}: client {} server {}\n{out}{}{}",
-            args.join(" "),
-            client.status,
-            server.status,
-            String::from_utf8_lossy(&client.stderr),
-            String::from_utf8_lossy(&server.stderr)
-        ))
-    }
-}
 
 /// The result line under perftest's `#bytes ...` header, by column name
 /// ("99%" and "99.9%" stand for "99% percentile[usec]" and so on).

@@ -45,6 +45,37 @@ pub struct QueuePair {
 unsafe impl Send for QueuePair {}
 unsafe impl Sync for QueuePair {}
 
+/// An RC QP's creation attributes: both CQs and the requested sizes.
+fn init_attr(send_cq: &CompletionQueue, recv_cq: &CompletionQueue, caps: QpCaps) -> sys::ibv_qp_init_attr {
+    sys::ibv_qp_init_attr {
+        qp_context: ptr::null_mut(),
+        send_cq: send_cq.raw(),
+        recv_cq: recv_cq.raw(),
+        srq: ptr::null_mut(),
+        cap: sys::ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_inline_data: 0,
+        },
+        qp_type: sys::IBV_QPT_RC,
+        sq_sig_all: 0,
+    }
+}
+
+/// The sizes the provider gave (written back into the creation attributes).
+impl From<sys::ibv_qp_cap> for QpCaps {
+    fn from(cap: sys::ibv_qp_cap) -> QpCaps {
+        QpCaps {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+        }
+    }
+}
+
 impl QueuePair {
     /// Creates the QP of `id` (one per id: a second one fails with EEXIST).
     pub fn new(
@@ -57,21 +88,7 @@ impl QueuePair {
         if id.has_qp.swap(true, Ordering::AcqRel) {
             return Err(VerbsError::new("rdma_create_qp", libc::EEXIST));
         }
-        let mut attr = sys::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: send_cq.raw(),
-            recv_cq: recv_cq.raw(),
-            srq: ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: 0,
-            },
-            qp_type: sys::IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
+        let mut attr = init_attr(send_cq, recv_cq, caps);
         // SAFETY: live id, PD and CQs (all kept alive by the QP); attr is
         // read and its `cap` updated with the actual sizes.
         let rc = unsafe { sys::rdma_create_qp(id.raw(), pd.raw(), &mut attr) };
@@ -82,12 +99,7 @@ impl QueuePair {
             id.has_qp.store(false, Ordering::Release);
             return Err(e);
         };
-        let caps = QpCaps {
-            max_send_wr: attr.cap.max_send_wr,
-            max_recv_wr: attr.cap.max_recv_wr,
-            max_send_sge: attr.cap.max_send_sge,
-            max_recv_sge: attr.cap.max_recv_sge,
-        };
+        let caps = QpCaps::from(attr.cap);
         Ok(Arc::new(QueuePair {
             qp,
             caps,
@@ -104,31 +116,12 @@ impl QueuePair {
     /// the first connection. (A separate send queue: its work requests do
     /// not wait behind the first QP's.)
     pub fn companion(pd: &Arc<ProtectionDomain>, cq: &Arc<CompletionQueue>, caps: QpCaps) -> Result<Arc<Self>> {
-        let mut attr = sys::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq.raw(),
-            recv_cq: cq.raw(),
-            srq: ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: 0,
-            },
-            qp_type: sys::IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
+        let mut attr = init_attr(cq, cq, caps);
         // SAFETY: live PD and CQ (kept alive by the QP); attr is read and its
         // `cap` updated with the actual sizes.
         let qp = NonNull::new(unsafe { sys::ibv_create_qp(pd.raw(), &mut attr) })
             .ok_or_else(|| VerbsError::last("ibv_create_qp"))?;
-        let caps = QpCaps {
-            max_send_wr: attr.cap.max_send_wr,
-            max_recv_wr: attr.cap.max_recv_wr,
-            max_send_sge: attr.cap.max_send_sge,
-            max_recv_sge: attr.cap.max_recv_sge,
-        };
+        let caps = QpCaps::from(attr.cap);
         Ok(Arc::new(QueuePair { qp, caps, id: None, _pd: pd.clone(), _send_cq: cq.clone(), _recv_cq: cq.clone() }))
     }
 

@@ -515,7 +515,7 @@ impl Puller<'_> {
     /// pulls are held back, if they are.
     fn post_pulls(&mut self, link: &mut Link) -> Result<Option<Duration>> {
         let since_fault = self.last_fault.map(|t| t.elapsed());
-        let held = !self.faulting.is_empty() || since_fault.is_some_and(|d| d < PULL_HOLD);
+        let held = self.faults_recent();
         if held {
             let since_pull = self.last_pull.map_or(Duration::MAX, |t| t.elapsed());
             let reading = (0..PULL_SLOTS).any(|j| self.pulls[j].is_some() && !self.installing[j]);
@@ -637,29 +637,44 @@ impl Puller<'_> {
             _ => return Err(stray(tag)),
         };
         self.progress.bytes_pulled.fetch_add(pull.pages * PAGE, Ordering::Relaxed);
-        // Hand each run of pages still stale (a fault may have installed
-        // some) to the installer; the slot stays busy until it is done.
-        let (b, base) = (&self.blocks[pull.block], self.staging.pull_slot(i));
-        let end = pull.first + pull.pages;
+        // The runs of pages still stale (a fault may have installed some).
+        let (block, pulled, base) = (pull.block, pull.first, self.staging.pull_slot(i));
+        let (stale, end) = (&self.blocks[block].stale, pull.first + pull.pages);
         let mut runs = Vec::new();
         let mut at = pull.first;
-        while let Some(first) = next_set(&b.stale, at, end) {
+        while let Some(first) = next_set(stale, at, end) {
             let mut last = first + 1;
-            while last < end && test_bit(&b.stale, last) {
+            while last < end && test_bit(stale, last) {
                 last += 1;
             }
-            let src = self.staging.ptr(base + (first - pull.first) * PAGE);
-            runs.push((b.host as u64 + first * PAGE, src, (last - first) * PAGE));
+            runs.push((first, last - first));
             at = last;
         }
-        if runs.is_empty() {
+        if runs.is_empty() || self.faults_recent() {
+            // While faults come, installed here: no second thread competes
+            // with the fault path for a CPU.
             self.pulls[i] = None;
+            for (first, n) in runs {
+                self.install(block, first, n, base + (first - pulled) * PAGE)?;
+            }
             return Ok(());
         }
+        // Else by the installer; the slot stays busy until it is done.
+        let host = self.blocks[block].host as u64;
+        let runs = runs
+            .into_iter()
+            .map(|(first, n)| (host + first * PAGE, self.staging.ptr(base + (first - pulled) * PAGE), n * PAGE))
+            .collect();
         self.installing[i] = true;
         self.installer
             .send(Job { slot: i, runs })
             .map_err(|_| Error::new(ErrorKind::State, "post-copy: the installer thread is gone"))
+    }
+
+    /// Whether faults are recent: one is being served, or the last came
+    /// less than `PULL_HOLD` ago.
+    fn faults_recent(&self) -> bool {
+        !self.faulting.is_empty() || self.last_fault.is_some_and(|t| t.elapsed() < PULL_HOLD)
     }
 
     /// UFFDIO_COPY of `n` stale pages from staging offset `at`; pages found
