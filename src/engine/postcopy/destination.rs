@@ -7,10 +7,12 @@
 //! message is read, on the fault QP (`link::fault_qp`, when the source set
 //! one up), so it does not wait behind the background reads, which a
 //! responder serves in order on the connection's QP; at most `PULL_DEPTH`
-//! of those, of up to `PULL_PAGES` pages, are in flight (one while faults
-//! wait, which matters without a fault QP). One thread rather than a fault
-//! thread and a puller: the completions of both QPs arrive on the
-//! connection's one CQ, which only its owner polls.
+//! of those, of up to `PULL_PAGES` pages, are in flight, and after a fault
+//! at most one (`PULL_HOLD`, `PULL_TRICKLE`): on rxe posting a read costs
+//! the posting thread most of the read. One thread serves faults and posts
+//! the pull, rather than a fault thread and a puller: the completions of
+//! both QPs arrive on the connection's one CQ, which only its owner polls;
+//! the `installer` thread installs the pull's pages.
 
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};

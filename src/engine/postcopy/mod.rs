@@ -1,12 +1,13 @@
-//! Post-copy over RDMA READ (rdmamig extension, issue 13; a first slice).
+//! Post-copy over RDMA READ (rdmamig extension, issue 13).
 //!
 //! After its last pre-copy window, with the guest stopped, the source calls
 //! [`Source::postcopy`](crate::engine::Source::postcopy) with the pages the
 //! destination does not have right (dirtied since sent, or never sent). Its
 //! transfer thread registers those blocks whole for remote read (within its
 //! pin budget, or it refuses), sets up a second queue pair for the
-//! destination's fault reads (`link::fault_qp`), sends one POSTCOPY request (each block's
-//! address, read key and stale bitmap, `wire::postcopy_blocks`) and keeps the
+//! destination's fault reads (`link::fault_qp`), sends one POSTCOPY request
+//! (each block's address, read key and stale bitmap,
+//! `wire::postcopy_blocks`) and keeps the
 //! memory registered, which the caller must keep mapped and unchanged, until
 //! the destination's POSTCOPY_DONE (or the connection's end).
 //!
@@ -17,8 +18,9 @@
 //! anonymous memory), so the next touch of one faults. Then the
 //! hypervisor's [`Destination::wait_postcopy`](crate::engine::Destination::wait_postcopy)
 //! returns and its vCPUs may run. The one thread serves faults first (a
-//! 4 KiB RDMA READ on the fault QP into a registered staging slot, then `UFFDIO_COPY`, which
-//! wakes the faulting threads) and pulls the rest in the background (reads
+//! 4 KiB RDMA READ on the fault QP into a registered staging slot, then
+//! `UFFDIO_COPY`, which wakes the faulting threads) and pulls the rest in
+//! the background (reads
 //! of up to 64 KiB, a few in flight; the windows of recent faults and the
 //! ones after them first, then in address order; the `installer` thread
 //! installs their pages). `UFFDIO_COPY` never overwrites: a page
