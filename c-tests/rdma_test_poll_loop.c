@@ -374,6 +374,20 @@ fail:
     return rc;
 }
 
+/* run_pair's two ends. */
+struct run {
+    unsigned mib;
+};
+
+static int run_destination(void *arg, int wr) {
+    return destination(((struct run *)arg)->mib, wr);
+}
+
+static int run_source(void *arg, uint16_t port, int rd) {
+    (void)rd;
+    return source(((struct run *)arg)->mib, port);
+}
+
 int main(int argc, char **argv) {
     who = "poll-loop";
     unsigned mib = 64;
@@ -391,39 +405,6 @@ int main(int argc, char **argv) {
     if (mib < ZERO_MIB + 2) mib = ZERO_MIB + 2;
     bound_s = bound_ms / 1e3;
 
-    int pipefd[2];
-    if (pipe(pipefd) != 0) {
-        perror("pipe");
-        return 1;
-    }
-    fflush(stdout);
-    pid_t child = fork();
-    if (child < 0) {
-        perror("fork");
-        return 1;
-    }
-    if (child == 0) {
-        alarm(WATCHDOG_S);
-        close(pipefd[0]);
-        int rc = destination(mib, pipefd[1]);
-        fflush(stdout); /* _exit does not flush stdio */
-        _exit(rc);
-    }
-    alarm(WATCHDOG_S);
-    close(pipefd[1]);
-    uint16_t port = 0;
-    ssize_t n = read(pipefd[0], &port, sizeof port);
-    close(pipefd[0]);
-    int src = 1;
-    if (n == (ssize_t)sizeof port && port != 0)
-        src = source(mib, port);
-    else
-        fprintf(stderr, "source: FAIL the destination did not start listening\n");
-    if (src != 0) kill(child, SIGTERM);
-    int status = 0;
-    waitpid(child, &status, 0);
-    int dst = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    int passed = (src == 0) + (dst == 0), failed = 2 - passed;
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    struct run run = {mib};
+    return run_pair(run_destination, run_source, &run, WATCHDOG_S);
 }

@@ -442,6 +442,20 @@ fail:
     return rc;
 }
 
+/* run_pair's two ends. */
+struct run {
+    unsigned mib, vcpus;
+};
+
+static int run_destination(void *arg, int wr) {
+    struct run *r = arg;
+    return destination(r->mib, r->vcpus, wr);
+}
+
+static int run_source(void *arg, uint16_t port, int rd) {
+    return source(((struct run *)arg)->mib, port, rd);
+}
+
 int main(int argc, char **argv) {
     who = "postcopy";
     unsigned mib = 64, vcpus = 4;
@@ -460,39 +474,7 @@ int main(int argc, char **argv) {
     if (mib < 1) mib = 1;
     if (vcpus > MAX_VCPUS) vcpus = MAX_VCPUS;
 
-    int up[2]; /* child -> parent: the port, then the "checked" byte */
-    if (pipe(up) != 0) {
-        perror("pipe");
-        return 1;
-    }
-    fflush(stdout);
-    pid_t child = fork();
-    if (child < 0) {
-        perror("fork");
-        return 1;
-    }
-    if (child == 0) {
-        alarm(WATCHDOG_S);
-        close(up[0]);
-        int rc = destination(mib, vcpus, up[1]);
-        fflush(stdout); /* _exit does not flush stdio */
-        _exit(rc);
-    }
-    alarm(WATCHDOG_S);
-    close(up[1]);
-    uint16_t port = 0;
-    ssize_t n = read(up[0], &port, sizeof port);
-    int src = 1;
-    if (n == (ssize_t)sizeof port && port != 0)
-        src = source(mib, port, up[0]);
-    else
-        fprintf(stderr, "source: FAIL the destination did not start listening\n");
-    close(up[0]);
-    if (src != 0) kill(child, SIGTERM);
-    int status = 0;
-    waitpid(child, &status, 0);
-    int dst = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    int passed = (src == 0) + (dst == 0), failed = 2 - passed;
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    /* The pipe carries the port, then the "checked" byte. */
+    struct run run = {mib, vcpus};
+    return run_pair(run_destination, run_source, &run, WATCHDOG_S);
 }

@@ -1,16 +1,20 @@
 /* What the RDMA test programs (rdma_test_*.c) share: a clock, a
- * deterministic pattern, a hash, the rxe address, and failure reporting
+ * deterministic pattern, a hash, the rxe address, failure reporting
  * ("<who>: FAIL ...") with TRY and EXPECT, which jump to the function's
- * `fail:` label. Each program sets `who` to the role printing. */
+ * `fail:` label, and the two-process run (run_pair). Each program sets
+ * `who` to the role printing. */
 #ifndef RDMAMIG_C_TESTS_RDMA_UTIL_H
 #define RDMAMIG_C_TESTS_RDMA_UTIL_H
 
 #include "rdmamig.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *who = "rdma-test";
 
@@ -70,5 +74,50 @@ static void report(const char *what, rdmamig_status st, const rdmamig_conn *conn
             goto fail;                                                                \
         }                                                                             \
     } while (0)
+
+/* The two-process run: fork() (before any rdmamig call); the child runs
+ * `destination(arg, wr)`, which writes its port (a uint16_t) to `wr` first
+ * and may write more; the parent reads the port and runs `source(arg, port,
+ * rd)` with the rest of the pipe. Both under a `watchdog_s` alarm; a failed
+ * source ends the destination (SIGTERM). Prints "N passed, M failed" and
+ * returns main's exit status. */
+static inline int run_pair(int (*destination)(void *arg, int wr), int (*source)(void *arg, uint16_t port, int rd),
+                           void *arg, unsigned watchdog_s) {
+    int up[2];
+    if (pipe(up) != 0) {
+        perror("pipe");
+        return EXIT_FAILURE;
+    }
+    fflush(stdout);
+    pid_t child = fork();
+    if (child < 0) {
+        perror("fork");
+        return EXIT_FAILURE;
+    }
+    if (child == 0) {
+        alarm(watchdog_s);
+        close(up[0]);
+        int rc = destination(arg, up[1]);
+        fflush(stdout); /* _exit does not flush stdio */
+        _exit(rc);
+    }
+    alarm(watchdog_s);
+    close(up[1]);
+    uint16_t port = 0;
+    ssize_t n = read(up[0], &port, sizeof port);
+    int src = 1;
+    if (n == (ssize_t)sizeof port && port != 0)
+        src = source(arg, port, up[0]);
+    else
+        fprintf(stderr, "source: FAIL the destination did not start listening\n");
+    close(up[0]);
+    if (src != 0) kill(child, SIGTERM);
+    int status = 0;
+    waitpid(child, &status, 0);
+    int dst = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    int passed = (src == 0) + (dst == 0), failed = 2 - passed;
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
 
 #endif
