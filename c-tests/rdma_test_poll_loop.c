@@ -76,27 +76,6 @@ static uint8_t payload_byte(size_t i) {
     return (uint8_t)(i * 131 + (i >> 9) + 7);
 }
 
-static uint8_t *map_ram(uint64_t len, int fill) {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        return NULL;
-    }
-    memset(p, fill, len);
-    return p;
-}
-
-static rdmamig_ram *registry(uint8_t *host, uint64_t len) {
-    rdmamig_ram *ram = rdmamig_ram_new();
-    uint32_t idx;
-    if (!ram || rdmamig_ram_add_block(ram, "pc.ram", host, 0, len, &idx) != RDMAMIG_OK || idx != 0) {
-        report("registry", RDMAMIG_ERR_INVALID_ARGUMENT, NULL);
-        rdmamig_ram_free(ram);
-        return NULL;
-    }
-    return ram;
-}
-
 /* ----------------------------------------------------------- destination */
 
 /* The longest library call since the listener was created, and which. */

@@ -84,26 +84,6 @@ static void final_page(uint64_t page, uint64_t *out) {
     for (uint64_t w = 0; w < WORDS; w++) out[w] = word(page, w, v);
 }
 
-static uint8_t *map_ram(uint64_t len) {
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        return NULL;
-    }
-    return p;
-}
-
-static rdmamig_ram *registry(uint8_t *host, uint64_t len) {
-    rdmamig_ram *ram = rdmamig_ram_new();
-    uint32_t idx;
-    if (!ram || rdmamig_ram_add_block(ram, "pc.ram", host, 0, len, &idx) != RDMAMIG_OK || idx != 0) {
-        report("registry", RDMAMIG_ERR_INVALID_ARGUMENT, NULL);
-        rdmamig_ram_free(ram);
-        return NULL;
-    }
-    return ram;
-}
-
 /* EXPECT that `call` gives `want` (printing what it gave if not). */
 #define EXPECT_STATUS(call, want)                                                                       \
     do {                                                                                                \
@@ -168,7 +148,7 @@ static int progress_ok(const rdmamig_postcopy_progress *p) {
 static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     who = "dest";
     uint64_t len = (uint64_t)mib * MIB, pages = len / PAGE;
-    uint8_t *host = map_ram(len);
+    uint8_t *host = map_ram(len, -1);
     uint64_t *expected = NULL;
     rdmamig_config *cfg = rdmamig_config_new();
     rdmamig_ram *ram = NULL;
@@ -340,7 +320,7 @@ static int source(unsigned mib, uint16_t port, int checked_fd) {
     who = "source";
     uint64_t len = (uint64_t)mib * MIB, pages = len / PAGE;
     size_t words = (size_t)((pages + 63) / 64);
-    uint8_t *host = map_ram(len);
+    uint8_t *host = map_ram(len, -1);
     uint64_t *bitmap = calloc(words, sizeof *bitmap);
     rdmamig_config *cfg = rdmamig_config_new();
     rdmamig_ram *ram = NULL;

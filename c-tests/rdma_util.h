@@ -1,7 +1,8 @@
 /* What the RDMA test programs (rdma_test_*.c) share: a clock, a
  * deterministic pattern, a hash, the rxe address, failure reporting
  * ("<who>: FAIL ...") with TRY and EXPECT, which jump to the function's
- * `fail:` label, and the two-process run (run_pair). Each program sets
+ * `fail:` label, one-block guest RAM (map_ram, registry), and the
+ * two-process run (run_pair). Each program sets
  * `who` to the role printing. */
 #ifndef RDMAMIG_C_TESTS_RDMA_UTIL_H
 #define RDMAMIG_C_TESTS_RDMA_UTIL_H
@@ -12,6 +13,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -74,6 +77,30 @@ static void report(const char *what, rdmamig_status st, const rdmamig_conn *conn
             goto fail;                                                                \
         }                                                                             \
     } while (0)
+
+/* `len` bytes of private anonymous memory standing in for guest RAM, every
+ * byte `fill` (or untouched, zero and not yet populated, with fill < 0). */
+static inline uint8_t *map_ram(uint64_t len, int fill) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        return NULL;
+    }
+    if (fill >= 0) memset(p, fill, len);
+    return p;
+}
+
+/* A registry of one block, "pc.ram", over `host` (NULL, reported, on failure). */
+static inline rdmamig_ram *registry(uint8_t *host, uint64_t len) {
+    rdmamig_ram *ram = rdmamig_ram_new();
+    uint32_t idx;
+    if (!ram || rdmamig_ram_add_block(ram, "pc.ram", host, 0, len, &idx) != RDMAMIG_OK || idx != 0) {
+        report("registry", RDMAMIG_ERR_INVALID_ARGUMENT, NULL);
+        rdmamig_ram_free(ram);
+        return NULL;
+    }
+    return ram;
+}
 
 /* The two-process run: fork() (before any rdmamig call); the child runs
  * `destination(arg, wr)`, which writes its port (a uint16_t) to `wr` first

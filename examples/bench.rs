@@ -43,7 +43,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -64,22 +63,16 @@ const SEED: u64 = 0x5eed_0b5e_55ed_1234;
 const FINAL_SEED: u64 = 0xf1a1_f1a1_0000_0001;
 const WAIT: Duration = Duration::from_secs(600);
 
-#[path = "common/perftest.rs"]
-mod perftest;
-use perftest::{ip, perftest};
+#[path = "common/mod.rs"]
+mod common;
+use common::perftest::{ip, perftest};
+use common::{mix, Ram};
 
 type R<T> = Result<T, String>;
 
 // ---------------------------------------------------------------------------
 // Guest content: every page's bytes follow from (seed, page number), so the
 // destination process regenerates what it must have received.
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// What a guest holds: `len` bytes of random pages (dense), or one 64 KiB run
 /// of every four written (sparse); with `final_pages`, that many scattered
@@ -236,60 +229,6 @@ fn compare_files(a: &Path, b: &Path) -> R<()> {
 
 // ---------------------------------------------------------------------------
 // Guest RAM and what the source process measures.
-
-/// Guest RAM: a private anonymous mapping, or a shared mapping of a file.
-struct Ram {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Ram {
-    fn anonymous(len: u64) -> R<Ram> {
-        Ram::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)
-    }
-
-    fn shared(file: &File, len: u64) -> R<Ram> {
-        Ram::map(len, libc::MAP_SHARED, file.as_raw_fd())
-    }
-
-    fn map(len: u64, flags: i32, fd: i32) -> R<Ram> {
-        let len = len as usize;
-        // SAFETY: a fresh mapping chosen by the kernel; `fd` is open (or -1 for anonymous memory).
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!("mmap of {len} bytes: {}", std::io::Error::last_os_error()));
-        }
-        Ok(Ram { ptr: ptr as *mut u8, len })
-    }
-
-    /// Only while no connection transfers from or into it.
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the whole mapping, readable; callers read it only between transfers.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    /// Only while no connection transfers from or into it.
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: the whole mapping, writable; callers write it only between transfers.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    /// One block, "pc.ram", over the whole mapping.
-    fn registry(&self) -> RamBlocks {
-        let mut r = RamBlocks::new();
-        // SAFETY: the mapping outlives every connection that uses the
-        // registry (each run drops its connection before its Ram).
-        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64).expect("a valid block") };
-        r
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, no longer used.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-    }
-}
 
 /// The registry of a sparse guest mapped from `file` (offset 0): with the
 /// backing file given, the library finds the never-written pages (holes)

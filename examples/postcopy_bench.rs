@@ -68,7 +68,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, Ending, Listener, PostcopyPhase, RamBlocks, Source, StalePages};
+use rdmamig::{Config, Destination, Ending, Listener, PostcopyPhase, Source, StalePages};
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
@@ -81,18 +81,12 @@ const RUN_PAGES: u64 = 16;
 const SEED: u64 = 0x5eed_0c0b_1e55_0013;
 const WAIT: Duration = Duration::from_secs(600);
 
-#[path = "common/perftest.rs"]
-mod perftest;
-use perftest::{ip, perftest};
+#[path = "common/mod.rs"]
+mod common;
+use common::perftest::{ip, perftest};
+use common::{mix, Ram};
 
 type R<T> = Result<T, String>;
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// CLOCK_MONOTONIC in nanoseconds (the vDSO: no system call).
 fn now_ns() -> u64 {
@@ -162,47 +156,11 @@ fn read_bw(secs: u32, outstanding: Option<u32>) -> R<f64> {
 // ---------------------------------------------------------------------------
 // Guest RAM and the stale sets.
 
-/// A private anonymous mapping standing in for guest RAM.
-struct Ram {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: plain memory; the threads that share it read it (vCPUs) or hand it
-// to the library (the registry), as a VMM's do.
-unsafe impl Sync for Ram {}
-
+/// The vCPUs' and the benchmark's own uses of guest RAM.
 impl Ram {
-    fn new(len: u64) -> R<Ram> {
-        let len = len as usize;
-        // SAFETY: a fresh private anonymous mapping chosen by the kernel.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!("mmap of {len} bytes: {}", std::io::Error::last_os_error()));
-        }
-        Ok(Ram { ptr: ptr.cast(), len })
-    }
-
-    /// Only while no connection transfers into it and no page of it is missing.
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the whole mapping, readable; callers read it between transfers.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
     /// Fills every page with random non-zero bytes (before any connection).
     fn fill(&mut self, seed: u64) {
-        // SAFETY: the whole mapping, writable; nothing else uses it yet.
-        let mem = unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) };
-        for (page, out) in mem.chunks_exact_mut(PAGE as usize).enumerate() {
+        for (page, out) in self.bytes_mut().chunks_exact_mut(PAGE as usize).enumerate() {
             let mut x = mix(seed ^ (page as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)) | 1;
             for word in out.chunks_exact_mut(8) {
                 x ^= x << 13;
@@ -226,21 +184,6 @@ impl Ram {
         // SAFETY: an aligned word inside the mapping; a missing page faults
         // and the library installs it before the read returns.
         unsafe { (self.ptr.add((page * PAGE) as usize) as *const u64).read_volatile() }
-    }
-
-    fn registry(&self) -> RamBlocks {
-        let mut r = RamBlocks::new();
-        // SAFETY: the mapping outlives the connection using the registry
-        // (each run drops its Source and Destination before its Ram).
-        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64).expect("a valid block") };
-        r
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, no longer used.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -307,9 +250,9 @@ fn run_postcopy(len: u64, layout: Layout, vcpus: Option<Vcpus>, dump: Option<(&s
     let pages = len / PAGE;
     let stale = layout.bitmap(pages);
     let stale_pages: u64 = stale.iter().map(|w| w.count_ones() as u64).sum();
-    let mut src = Ram::new(len)?;
+    let mut src = Ram::anonymous(len)?;
     src.fill(SEED ^ len);
-    let dst = Ram::new(len)?;
+    let dst = Ram::anonymous(len)?;
     let config = Config::default();
     let listener = Listener::bind(&ip(), 0, &config).map_err(|e| format!("listen: {e}"))?;
     let port = listener.port();

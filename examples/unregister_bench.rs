@@ -33,36 +33,18 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, Ending, Listener, RamBlocks, Source, Unregistration};
+use rdmamig::{Config, Destination, Ending, Listener, Source, Unregistration};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::Ram;
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 const WAIT: Duration = Duration::from_secs(600);
 
-/// Anonymous memory standing in for guest RAM.
-struct Ram {
-    ptr: *mut u8,
-    len: usize,
-}
-
+/// This benchmark's writes into guest RAM.
 impl Ram {
-    fn new(len: u64) -> Ram {
-        let len = len as usize;
-        // SAFETY: a fresh private anonymous mapping.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes failed");
-        Ram { ptr: ptr as *mut u8, len }
-    }
-
     fn fill(&self, byte: u8) {
         // SAFETY: within the mapping; nothing reads it concurrently.
         unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) }
@@ -75,25 +57,6 @@ impl Ram {
             // SAFETY: within the mapping, 8-byte aligned.
             unsafe { (self.ptr.add(off as usize + 64) as *mut u64).write_volatile(value) }
         }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the whole mapping; only read when nothing writes it.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn registry(&self) -> RamBlocks {
-        let mut r = RamBlocks::new();
-        // SAFETY: the mapping outlives every connection that uses the registry.
-        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64).unwrap() };
-        r
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
 }
 
@@ -158,7 +121,7 @@ fn parse_args() -> Args {
 
 /// One migration of `src` into `dst` with the worker on or off; prints its line.
 fn migrate(args: &Args, src: &Ram, dst: &Ram, worker: bool, seed: u64) {
-    let ip = std::env::var("RXE_VM_IP").unwrap_or_else(|_| "198.18.0.1".into());
+    let ip = common::perftest::ip();
     let len = args.mib * MIB;
     let dst_config = Config { unregister_worker: worker, ..Config::default() };
     let src_config =
@@ -259,11 +222,11 @@ fn main() {
     let args = parse_args();
     let len = args.mib * MIB;
     let t = Instant::now();
-    let src = Ram::new(len);
+    let src = Ram::anonymous(len).expect("guest RAM");
     src.fill(0x5a);
     src.stamp(0, len, 0);
     // Faulted in up front, so neither mode pays for the destination's page faults.
-    let dst = Ram::new(len);
+    let dst = Ram::anonymous(len).expect("guest RAM");
     dst.fill(0xaa);
     eprintln!("unregister_bench: {} MiB per side ready in {} ms", args.mib, ms(t.elapsed()));
     for (i, &worker) in args.modes.iter().enumerate() {
