@@ -473,11 +473,8 @@ impl Puller<'_> {
             };
             let page = (addr - self.blocks[block].host as u64) / PAGE;
             if test_bit(&self.blocks[block].stale, page) {
-                let pulling = self
-                    .pulls
-                    .iter()
-                    .flatten()
-                    .any(|p| p.block == block && (p.first..p.first + p.pages).contains(&page));
+                // A pull in flight (or being installed) brings it and wakes the thread.
+                let pulling = self.in_flight(block, page).is_some();
                 if !pulling && self.faulting.insert((block, page)) {
                     self.queued.push_back((block, page));
                     self.fault_nearby(block, page);
@@ -520,16 +517,14 @@ impl Puller<'_> {
         let held = self.faults_recent();
         if held {
             let since_pull = self.last_pull.map_or(Duration::MAX, |t| t.elapsed());
-            let reading = (0..PULL_SLOTS).any(|j| self.pulls[j].is_some() && !self.installing[j]);
-            if reading || since_pull < PULL_TRICKLE {
+            if self.reading() > 0 || since_pull < PULL_TRICKLE {
                 let hold_left = PULL_HOLD.saturating_sub(since_fault.unwrap_or_default());
                 let trickle_left = PULL_TRICKLE.saturating_sub(since_pull);
                 return Ok(Some(hold_left.min(trickle_left).max(Duration::from_micros(100))));
             }
         }
         for i in 0..PULL_SLOTS {
-            let reading = (0..PULL_SLOTS).filter(|&j| self.pulls[j].is_some() && !self.installing[j]).count();
-            if reading >= PULL_DEPTH {
+            if self.reading() >= PULL_DEPTH {
                 break;
             }
             if self.pulls[i].is_some() {
@@ -599,7 +594,13 @@ impl Puller<'_> {
         Some(Pull { block, first, pages: last + 1 - first })
     }
 
-    /// If a read in flight covers `page`: the page after that read.
+    /// Background reads in flight (busy slots not handed to the installer).
+    fn reading(&self) -> usize {
+        (0..PULL_SLOTS).filter(|&j| self.pulls[j].is_some() && !self.installing[j]).count()
+    }
+
+    /// If a busy pull slot (read in flight, or being installed) covers
+    /// `page`: the page after that read.
     fn in_flight(&self, block: usize, page: u64) -> Option<u64> {
         let pull =
             self.pulls.iter().flatten().find(|p| p.block == block && (p.first..p.first + p.pages).contains(&page));
