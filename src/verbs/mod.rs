@@ -48,7 +48,7 @@ pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
 pub use device::{device_names, Context, DeviceAttr, Gid, GidType, LinkLayer, PortAttr, PortState};
 pub use mem::{fork_init, Access, ForkMode, MemoryRegion, ProtectionDomain};
-pub use qp::{QpCaps, QueuePair, Sge};
+pub use qp::{QpCaps, QueuePair, Sge, WriteList};
 
 /// A failed verbs/rdma_cm call: which function, and the errno it reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

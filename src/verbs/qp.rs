@@ -226,6 +226,32 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Posts every write of `list` with one `ibv_post_send` and empties it.
+    /// On failure the writes before the refused one were posted (the error
+    /// ends the connection, whose teardown flushes them).
+    pub fn post_writes(&self, list: &mut WriteList) -> Result<()> {
+        let n = list.wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // Chained here, not at push: both vectors may have moved while growing.
+        for i in 0..n {
+            list.wrs[i].sg_list = &mut list.sges[i];
+            list.wrs[i].next = if i + 1 < n { &mut list.wrs[i + 1] } else { ptr::null_mut() };
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: the chain and its entries live in `list` for the call; the
+        // memory they name is valid until completion (`WriteList::push`'s contract).
+        let rc = unsafe { sys::rmv_post_send(self.qp.as_ptr(), list.wrs.as_mut_ptr(), &mut bad) };
+        list.wrs.clear();
+        list.sges.clear();
+        list.bytes = 0;
+        if rc != 0 {
+            return Err(VerbsError::from_ret("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+
     /// One send work request with at most one scatter/gather entry.
     /// Errors: ENOMEM ([`VerbsError::is_queue_full`]) when the send queue is full.
     unsafe fn post_wr(
@@ -255,6 +281,57 @@ impl QueuePair {
             return Err(VerbsError::from_ret("ibv_post_send", rc));
         }
         Ok(())
+    }
+}
+
+/// RDMA WRITEs gathered for one [`QueuePair::post_writes`]: providers ring
+/// the doorbell once per `ibv_post_send` call, which on rxe is a system call
+/// and a run of the kernel's requester.
+#[derive(Default)]
+pub struct WriteList {
+    wrs: Vec<sys::ibv_send_wr>,
+    sges: Vec<sys::ibv_sge>,
+    bytes: u64,
+}
+
+// SAFETY: the raw pointers in the gathered work requests point into the
+// list's own vectors; they are set and used only inside `post_writes` (with
+// `&mut`, which empties the list), and pushed entries hold null ones. What
+// the list holds is plain data, so moving or sharing it between threads is
+// sound.
+unsafe impl Send for WriteList {}
+unsafe impl Sync for WriteList {}
+
+impl WriteList {
+    pub fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
+    /// Bytes the gathered writes carry.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Adds an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`.
+    ///
+    /// # Safety
+    /// As for [`QueuePair::post_write`], from now until the write completes
+    /// after the [`QueuePair::post_writes`] that posts it.
+    pub unsafe fn push(&mut self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) {
+        // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero ints).
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.num_sge = 1;
+        wr.opcode = sys::IBV_WR_RDMA_WRITE;
+        wr.send_flags = if signaled { sys::IBV_SEND_SIGNALED } else { 0 };
+        wr.wr.rdma = sys::ibv_send_wr_rdma { remote_addr, rkey };
+        self.wrs.push(wr);
+        self.sges.push(sys::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey });
+        self.bytes += u64::from(sge.len);
     }
 }
 

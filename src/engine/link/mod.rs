@@ -19,7 +19,7 @@ use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
-    Sge, VerbsError, WorkCompletion,
+    Sge, VerbsError, WorkCompletion, WriteList,
 };
 use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE};
 use crate::{Error, ErrorKind, Result};
@@ -47,6 +47,11 @@ const RESPONSE: usize = 1;
 /// Queue sizes as QEMU uses them (512 send WRs, at most 2 RECVs outstanding).
 const SEND_QUEUE_DEPTH: u32 = 512;
 const RECV_QUEUE_DEPTH: u32 = 3;
+/// Writes gathered into one `ibv_post_send` at most, and their bytes: what
+/// saves a system call per write on rxe is batching small ones (a final
+/// round of scattered 4 KiB pages); large ones go out at once.
+const WRITE_LIST_WRS: usize = 16;
+const WRITE_LIST_BYTES: u64 = 256 << 10;
 const CQ_ENTRIES: i32 = 1024;
 /// How often a blocked wait looks at connection events (disconnects), at the
 /// liveness probe and at the hypervisor's abort or cancel.
@@ -139,8 +144,14 @@ pub(crate) struct Link {
     ready_granted: bool,
     /// Tearing down: waits no longer give up because `stop` is set.
     aborting: bool,
+    /// Sequence number of the last write handed to `post_write` (posted or
+    /// still gathered in `writes`).
     writes_posted: u64,
     writes_completed: u64,
+    /// Writes gathered for one `ibv_post_send`: posted once full, and before
+    /// anything else is posted or waited for, so that posting order (which
+    /// `send_fence` and `fence` rely on) is the order of the calls.
+    writes: WriteList,
     /// A disconnect (or device removal) event arrived: the link is gone, and
     /// this is the error every wait reports once the completions that arrived
     /// before it are taken.
@@ -188,6 +199,7 @@ impl Link {
             aborting: false,
             writes_posted: 0,
             writes_completed: 0,
+            writes: WriteList::default(),
             lost: None,
             closed_by_peer: false,
             reads_done: Vec::new(),
@@ -255,6 +267,7 @@ impl Link {
     /// source's idle engine): takes completions, looks at connection events,
     /// and probes the peer's liveness.
     pub fn tend(&mut self) -> Result<()> {
+        self.flush_writes()?;
         self.reap()?;
         self.check_events()?;
         self.keepalive()
@@ -371,6 +384,7 @@ impl Link {
     }
 
     fn wait_until(&mut self, what: &str, deadline: Option<Instant>, done: impl Fn(&Link) -> bool) -> Result<()> {
+        self.flush_writes()?;
         while !done(self) {
             self.progress(what, deadline)?;
         }
@@ -404,6 +418,7 @@ impl Link {
         let len = writer.finish();
         let sge = self.send.sge(len);
         self.send_done = false;
+        self.flush_writes()?;
         self.send_fence = self.writes_posted;
         // SAFETY: the send buffer is registered and not written again until the send completes (above).
         unsafe { self.qp.post_send(WRID_SEND_CONTROL, sge, true)? };
@@ -615,11 +630,25 @@ impl Link {
     /// # Safety
     /// `sge` lies in a registered local MR whose memory stays valid until the
     /// write completes, and `remote_addr..+len` lies in the peer's MR of `rkey`.
+    /// Gathered with others into one `ibv_post_send` of up to
+    /// `WRITE_LIST_WRS` writes or `WRITE_LIST_BYTES`; the rest are posted by
+    /// the next wait, control message or [`flush_writes`](Self::flush_writes).
     pub unsafe fn post_write(&mut self, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<u64> {
         let seq = self.writes_posted + 1;
-        self.qp.post_write(WRID_WRITE | seq, sge, remote_addr, rkey, signaled)?;
+        // SAFETY: as this function's contract.
+        unsafe { self.writes.push(WRID_WRITE | seq, sge, remote_addr, rkey, signaled) };
         self.writes_posted = seq;
+        if self.writes.len() >= WRITE_LIST_WRS || self.writes.bytes() >= WRITE_LIST_BYTES {
+            self.flush_writes()?;
+        }
         Ok(seq)
+    }
+
+    /// Posts the writes gathered by `post_write`: before the caller goes
+    /// idle (nothing else would post them).
+    pub fn flush_writes(&mut self) -> Result<()> {
+        self.qp.post_writes(&mut self.writes)?;
+        Ok(())
     }
 
     /// Posts a signalled RDMA READ (post-copy); its completion shows up in
@@ -632,6 +661,7 @@ impl Link {
     /// `remote_addr..+len` lies in the peer's MR of `rkey` (remote read).
     pub unsafe fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32, fault: bool) -> Result<()> {
         debug_assert!(tag & (WRID_WRITE | WRID_READ) == 0);
+        self.flush_writes()?;
         let qp = if fault { self.fault_qp.as_ref().unwrap_or(&self.qp) } else { &self.qp };
         qp.post_read(WRID_READ | tag, sge, remote_addr, rkey, true)?;
         Ok(())
@@ -664,6 +694,7 @@ impl Link {
         if self.writes_completed >= self.writes_posted {
             return Ok(());
         }
+        self.flush_writes()?;
         let seq = self.writes_posted + 1;
         self.qp.post_zero_write(WRID_WRITE | seq, true)?;
         self.writes_posted = seq;
