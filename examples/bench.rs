@@ -482,13 +482,19 @@ struct DestProcess {
 }
 
 impl DestProcess {
-    fn spawn(content: &Content, extensions: bool, pin_all: bool, file: Option<&Path>) -> R<(DestProcess, u16)> {
+    fn spawn(
+        content: &Content,
+        extensions: bool,
+        pin_all: bool,
+        prealloc: bool,
+        file: Option<&Path>,
+    ) -> R<(DestProcess, u16)> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let flag = |b: bool| if b { "1" } else { "0" };
         let mut child = Command::new(exe)
             .arg("--dest")
             .args([content.len.to_string(), flag(content.sparse).into(), content.final_pages.to_string()])
-            .args([flag(extensions), flag(pin_all)])
+            .args([flag(extensions), flag(pin_all), flag(prealloc)])
             .arg(file.map_or_else(|| "-".into(), |f| f.display().to_string()))
             .stdout(Stdio::piped())
             .spawn()
@@ -528,7 +534,7 @@ impl Drop for DestProcess {
 
 /// The destination process's main: receives, then checks its RAM.
 fn destination(args: &[String]) -> i32 {
-    let [len, sparse, final_pages, extensions, pin_all, file] = args else {
+    let [len, sparse, final_pages, extensions, pin_all, prealloc, file] = args else {
         eprintln!("bench --dest: bad arguments {args:?}");
         return 2;
     };
@@ -536,12 +542,14 @@ fn destination(args: &[String]) -> i32 {
     let content = Content { len: num(len), sparse: sparse == "1", final_pages: num(final_pages) };
     let config = Config { extensions: extensions == "1", pin_all: pin_all == "1", ..Config::default() };
     let file = (file != "-").then(|| PathBuf::from(file));
-    let verdict = receive(&content, &config, file.as_deref());
+    let verdict = receive(&content, &config, prealloc == "1", file.as_deref());
     println!("RESULT {}", verdict.as_ref().map_or_else(|e| format!("FAILED: {e}"), |()| "ok".into()));
     i32::from(verdict.is_err())
 }
 
-fn receive(content: &Content, config: &Config, file: Option<&Path>) -> R<()> {
+/// `prealloc`: the RAM is populated before listening (as QEMU's
+/// `-mem-prealloc` does), so that no registration allocates it.
+fn receive(content: &Content, config: &Config, prealloc: bool, file: Option<&Path>) -> R<()> {
     let (ram, registry) = match file {
         // A fresh tmpfs file: all holes.
         Some(path) => {
@@ -553,7 +561,12 @@ fn receive(content: &Content, config: &Config, file: Option<&Path>) -> R<()> {
             (ram, registry)
         }
         None => {
-            let ram = Ram::anonymous(content.len)?;
+            let mut ram = Ram::anonymous(content.len)?;
+            if prealloc {
+                let mem = ram.bytes_mut();
+                // SAFETY: populating changes neither the contents nor the mapping.
+                unsafe { libc::madvise(mem.as_mut_ptr().cast(), mem.len(), libc::MADV_POPULATE_WRITE) };
+            }
             let registry = ram.registry();
             (ram, registry)
         }
@@ -602,8 +615,9 @@ struct RdmaRun {
 /// One migration of a guest with `content` to a destination process. The
 /// source's RAM: anonymous memory (dense), or `dir`'s tmpfs file mapped
 /// shared (sparse). With `content.final_pages`, a second, timed window
-/// sends the changed pages.
-fn rdmamig_migrate(dir: &Path, content: &Content, extensions: bool, pin_all: bool) -> R<RdmaRun> {
+/// sends the changed pages. `prealloc`: the destination populates its RAM
+/// before it listens.
+fn rdmamig_migrate(dir: &Path, content: &Content, extensions: bool, pin_all: bool, prealloc: bool) -> R<RdmaRun> {
     let (src_file, dst_file) = (dir.join("rdmamig-src.ram"), dir.join("rdmamig-dst.ram"));
     let result = (|| {
         let (mut ram, registry, file) = if content.sparse {
@@ -617,7 +631,8 @@ fn rdmamig_migrate(dir: &Path, content: &Content, extensions: bool, pin_all: boo
             let registry = ram.registry();
             (ram, registry, None)
         };
-        let (dest, port) = DestProcess::spawn(content, extensions, pin_all, file.as_ref().map(|_| dst_file.as_path()))?;
+        let dst = file.as_ref().map(|_| dst_file.as_path());
+        let (dest, port) = DestProcess::spawn(content, extensions, pin_all, prealloc, dst)?;
         let config = Config { extensions, pin_all, ..Config::default() };
 
         let rss_before = vm_rss("self");
@@ -967,7 +982,7 @@ fn run(args: &Args, dir: &Path) -> Vec<Row> {
     for (extensions, pin_all) in MODES {
         let mode = mode_name(extensions, pin_all);
         progress(&format!("rdmamig ↔ rdmamig, {} MiB dense, {mode}", args.size_mib));
-        let r = rdmamig_migrate(dir, &dense, extensions, pin_all);
+        let r = rdmamig_migrate(dir, &dense, extensions, pin_all, false);
         let check = outcome(&r, |r| &r.verified);
         let r = r.ok();
         let gib = dense.len as f64 / GIB;
@@ -1008,10 +1023,24 @@ fn run(args: &Args, dir: &Path) -> Vec<Row> {
         ));
     }
 
+    // For reference, no target: the same with the destination's RAM
+    // populated before it listens (as with QEMU's -mem-prealloc), which
+    // takes the kernel's zeroing of fresh memory out of the time.
+    for pin_all in [false, true] {
+        let mode = mode_name(true, pin_all);
+        progress(&format!("rdmamig ↔ rdmamig, {} MiB dense, {mode}, destination RAM preallocated", args.size_mib));
+        let r = rdmamig_migrate(dir, &dense, true, pin_all, true);
+        let check = outcome(&r, |r| &r.verified);
+        let rate = r.ok().map(|r| gbps(dense.len, r.secs));
+        let mut row = Row::new(format!("rdmamig dense {mode}, destination preallocated: rate"), rate, "Gbit/s", &check);
+        row.vs_1m = rate.and_then(|r| vs(a1m, r));
+        rows.push(row);
+    }
+
     // 5. Final round (after the dense ones: the same guest, one more window).
     progress(&format!("rdmamig final round, {} MiB then {} scattered pages", args.size_mib, args.pages));
     let content = Content { final_pages: args.pages, ..dense };
-    let r = rdmamig_migrate(dir, &content, true, false);
+    let r = rdmamig_migrate(dir, &content, true, false, false);
     let check = outcome(&r, |r| &r.verified);
     let secs = r.ok().and_then(|r| r.final_secs);
     let bytes = args.pages * PAGE;
@@ -1067,7 +1096,7 @@ fn run(args: &Args, dir: &Path) -> Vec<Row> {
     for extensions in [true, false] {
         let mode = mode_name(extensions, false);
         progress(&format!("rdmamig ↔ rdmamig, {} MiB sparse, {mode}", args.sparse_mib));
-        let r = rdmamig_migrate(dir, &sparse, extensions, false);
+        let r = rdmamig_migrate(dir, &sparse, extensions, false, false);
         let check = outcome(&r, |r| &r.verified);
         let r = r.ok();
         let what = format!("rdmamig sparse {mode}");

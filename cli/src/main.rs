@@ -195,6 +195,11 @@ fn generate_man(dir: &Path) -> std::io::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` and the like: end quietly when the reader
+    // goes away, as command-line tools do, instead of panicking in println!
+    // (Rust ignores SIGPIPE by default).
+    // SAFETY: at the start of main, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match cli.command {
         Command::Doctor(args) => doctor::run(args.guest_size, args.json),

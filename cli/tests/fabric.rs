@@ -167,3 +167,27 @@ fn exit_statuses_help_and_man_page() {
     assert!(std::fs::read_to_string(dir.join("rdmamig.1")).unwrap().contains("fabric\\-plan"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Output piped into a reader that stops early (`| head`): the program ends
+/// by SIGPIPE, quietly, as command-line tools do, and does not panic. The
+/// worst-case plan's JSON (about 70 KB) outgrows the pipe's buffer.
+#[test]
+fn a_reader_that_stops_early_ends_it_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+
+    let mut child = Command::new(exe())
+        .arg("fabric-plan")
+        .args([&TREE[..], &["--pair", "worst-case", "--json"]].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rdmamig runs");
+    let mut first = [0u8; 16];
+    child.stdout.take().expect("piped").read_exact(&mut first).expect("the first bytes");
+    let out = child.wait_with_output().expect("rdmamig ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
+}
