@@ -625,14 +625,15 @@ impl Link {
         self.send(kind, build)
     }
 
-    /// Posts an RDMA WRITE and returns its sequence number.
+    /// Posts (or gathers, see below) an RDMA WRITE and returns its sequence number.
+    ///
+    /// Gathered with others into one `ibv_post_send` of up to
+    /// `WRITE_LIST_WRS` writes or `WRITE_LIST_BYTES`; the rest are posted by
+    /// the next wait, control message or [`flush_writes`](Self::flush_writes).
     ///
     /// # Safety
     /// `sge` lies in a registered local MR whose memory stays valid until the
     /// write completes, and `remote_addr..+len` lies in the peer's MR of `rkey`.
-    /// Gathered with others into one `ibv_post_send` of up to
-    /// `WRITE_LIST_WRS` writes or `WRITE_LIST_BYTES`; the rest are posted by
-    /// the next wait, control message or [`flush_writes`](Self::flush_writes).
     pub unsafe fn post_write(&mut self, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<u64> {
         let seq = self.writes_posted + 1;
         // SAFETY: as this function's contract.
