@@ -31,3 +31,4 @@ mod setup;
 mod smoke;
 mod sparse;
 mod tos;
+mod window_order;
