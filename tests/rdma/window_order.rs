@@ -1,9 +1,11 @@
 //! What `Destination::wait_iteration` promises: every page saved in a window
 //! is in place when the window is reported. The source gathers small RDMA
 //! WRITEs for one post; they must go out before the window's end message
-//! (RC delivers in order, so the destination then sees them first).
+//! (RC delivers in order, so the destination then sees them first). And the
+//! zero ranges of the window (COMPRESS) must go out before its end, even
+//! those of chunks first touched after every other chunk was registered.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdmamig::Config;
 
@@ -54,4 +56,47 @@ fn reported_windows_have_their_pages_in_place_between_rdmamig_peers() {
 #[test]
 fn reported_windows_have_their_pages_in_place_qemu_compatible() {
     reported_windows_have_their_pages_in_place(Config { extensions: false, ..Config::default() });
+}
+
+/// Every page of a data chunk is saved, and once the source has asked for
+/// all of them (it goes idle and registers them), the pages of an all-zero
+/// chunk follow: they travel as a zero range with no registration to carry
+/// it, and the window's end must not leave it behind.
+fn zero_chunk_saved_after_the_rest_is_zeroed_in_its_window(config: Config) {
+    const MIB: u64 = 1 << 20;
+    let len = 4 * MIB;
+    let src = GuestRam::new(len, 1);
+    // The last chunk is zero on the source, garbage on the destination.
+    unsafe { std::ptr::write_bytes(src.ptr().add((3 * MIB) as usize), 0, MIB as usize) };
+    let dst = GuestRam::new(len, 0xAA);
+    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, 3 * MIB).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while source.stats().chunks_registered < 3 {
+        assert!(Instant::now() < deadline, "the source never asked for its 3 data chunks: {:?}", source.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for page in (3 * MIB..len).step_by(PAGE as usize) {
+        source.save(0, page, PAGE).unwrap();
+    }
+    source.iteration_end().unwrap();
+    dest.wait_iteration(1, WAIT).unwrap();
+    // SAFETY: inside the mapping; the window is over, nothing writes it.
+    let zero_chunk = unsafe { std::slice::from_raw_parts(dst.ptr().add((3 * MIB) as usize), MIB as usize) };
+    let not_zero = zero_chunk.iter().position(|&b| b != 0);
+    assert_eq!(not_zero, None, "the zero chunk was not zeroed when its window was reported");
+    assert!(src.bytes() == dst.bytes());
+    source.close().unwrap();
+    dest.wait_end(WAIT).unwrap();
+}
+
+#[test]
+fn zero_chunk_saved_after_the_rest_is_zeroed_in_its_window_between_rdmamig_peers() {
+    zero_chunk_saved_after_the_rest_is_zeroed_in_its_window(Config::default());
+}
+
+#[test]
+fn zero_chunk_saved_after_the_rest_is_zeroed_in_its_window_qemu_compatible() {
+    zero_chunk_saved_after_the_rest_is_zeroed_in_its_window(Config { extensions: false, ..Config::default() });
 }

@@ -461,6 +461,9 @@ impl Engine {
     /// Sends the batched zero ranges, in COMPRESS messages of at most
     /// `zero_batch` ranges and `MAX_COMPRESS_BYTES` (the destination's bound).
     fn send_zeros(&mut self) -> Result<()> {
+        if self.zeros.is_empty() {
+            return Ok(());
+        }
         self.settle_registration()?;
         let zeros = std::mem::take(&mut self.zeros);
         let mut rest = &zeros[..];
@@ -493,12 +496,14 @@ impl Engine {
     }
 
     /// Registers every awaited chunk on the destination and posts their
-    /// writes, waiting for each response.
+    /// writes, waiting for each response; sends the batched zero ranges
+    /// (those of chunks first touched after the last request went out, too:
+    /// a window must not end without them).
     fn register_deferred(&mut self) -> Result<()> {
         loop {
             self.settle_registration()?;
             if self.to_register.is_empty() {
-                return Ok(());
+                return self.send_zeros();
             }
             self.begin_registration()?;
         }
