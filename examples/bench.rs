@@ -895,7 +895,9 @@ fn warm_up() {
     let started = Instant::now();
     let available = fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .and_then(|m| {
+            m.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
         .unwrap_or(0)
         * 1024;
     // Room is left for the page cache and the processes that are running.
@@ -956,7 +958,8 @@ fn run(args: &Args, dir: &Path) -> Vec<Row> {
     // fresh guest RAM as it is registered.
     let populate = populate_fresh(args.size_mib * MIB).as_secs_f64();
     rows.push(
-        Row::new(format!("populate {} MiB of fresh memory", args.size_mib), Some(populate), "s", &Ok(())).unverified("-"),
+        Row::new(format!("populate {} MiB of fresh memory", args.size_mib), Some(populate), "s", &Ok(()))
+            .unverified("-"),
     );
     let vs = |anchor: Option<f64>, rate: f64| anchor.map(|a| rate / a);
 

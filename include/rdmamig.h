@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 8
+#define RDMAMIG_VERSION_MINOR 9
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -1883,8 +1883,7 @@ rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
  * Returns `RDMAMIG_ERR_NULL_PARAMETER` (`blocks` NULL with `n_blocks > 0`, a
  * NULL `bitmap` with `bitmap_words > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT`
  * (an unknown block, a block listed twice, a bitmap too short or with bits
- * past the block's end, a non-zero `reserved`, more than one control
- * message of bitmaps: about 16 GiB of RAM); `RDMAMIG_ERR_STATE` (a
+ * past the block's end, a non-zero `reserved`); `RDMAMIG_ERR_STATE` (a
  * destination, a QEMU destination (no extensions), inside an iteration
  * window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
  * connection's error (then the destination's guest is lost: see the

@@ -15,6 +15,7 @@ pub mod doctor;
 mod event;
 mod link;
 pub mod logging;
+mod page_buffer;
 mod pin;
 mod populated;
 pub(crate) mod postcopy;

@@ -153,8 +153,7 @@ const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
 /// Returns `RDMAMIG_ERR_NULL_PARAMETER` (`blocks` NULL with `n_blocks > 0`, a
 /// NULL `bitmap` with `bitmap_words > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT`
 /// (an unknown block, a block listed twice, a bitmap too short or with bits
-/// past the block's end, a non-zero `reserved`, more than one control
-/// message of bitmaps: about 16 GiB of RAM); `RDMAMIG_ERR_STATE` (a
+/// past the block's end, a non-zero `reserved`); `RDMAMIG_ERR_STATE` (a
 /// destination, a QEMU destination (no extensions), inside an iteration
 /// window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
 /// connection's error (then the destination's guest is lost: see the

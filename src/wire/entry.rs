@@ -27,7 +27,7 @@ pub trait Entry: Sized {
     }
 }
 
-fn need(what: &'static str, size: usize, b: &[u8]) -> Result<(), DecodeError> {
+pub(super) fn need(what: &'static str, size: usize, b: &[u8]) -> Result<(), DecodeError> {
     if b.len() < size {
         Err(DecodeError::TooShort { what, needed: size, got: b.len() })
     } else {
@@ -300,10 +300,13 @@ impl Entry for AuthProof {
     }
 }
 
-/// rdmamig extension: one block of a POSTCOPY message (32 bytes): where the
+/// rdmamig extension: one block of a POSTCOPY message (48 bytes): where the
 /// destination reads the block on the source (`remote_addr`, read key `rkey`),
-/// its length, and how many of its pages are stale (the set bits of its
-/// bitmap, which follows the entries).
+/// its length, how many of its pages are stale, and where it reads the
+/// block's stale bitmap (`bitmap_addr`, read key `bitmap_rkey`:
+/// [`postcopy_bitmap_words`](super::postcopy_bitmap_words) big-endian words,
+/// checked by [`postcopy_bitmap`](super::postcopy_bitmap)). The last 4 bytes
+/// are reserved: zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct PostcopyBlock {
     /// The block's index in the source's order (RAM_BLOCKS_REQUEST).
@@ -311,11 +314,14 @@ pub struct PostcopyBlock {
     pub rkey: u32,
     pub remote_addr: u64,
     pub length: u64,
+    /// The set bits of its bitmap.
     pub stale_pages: u64,
+    pub bitmap_addr: u64,
+    pub bitmap_rkey: u32,
 }
 
 impl Entry for PostcopyBlock {
-    const SIZE: usize = 32;
+    const SIZE: usize = 48;
 
     fn encode(&self, out: &mut [u8]) {
         let out = &mut out[..Self::SIZE];
@@ -324,16 +330,26 @@ impl Entry for PostcopyBlock {
         put64(out, 8, self.remote_addr);
         put64(out, 16, self.length);
         put64(out, 24, self.stale_pages);
+        put64(out, 32, self.bitmap_addr);
+        put32(out, 40, self.bitmap_rkey);
+        put32(out, 44, 0);
     }
 
     fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         need("PostcopyBlock entry", Self::SIZE, b)?;
+        let block_index = be32(b, 0);
+        let reserved = be32(b, 44);
+        if reserved != 0 {
+            return Err(DecodeError::PostcopyReserved { block_index, value: reserved });
+        }
         Ok(PostcopyBlock {
-            block_index: be32(b, 0),
+            block_index,
             rkey: be32(b, 4),
             remote_addr: be64(b, 8),
             length: be64(b, 16),
             stale_pages: be64(b, 24),
+            bitmap_addr: be64(b, 32),
+            bitmap_rkey: be32(b, 40),
         })
     }
 }

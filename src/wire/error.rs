@@ -40,9 +40,8 @@ pub enum DecodeError {
     UnterminatedBlockName,
     /// A block-spec entry whose name is not valid UTF-8; `valid_up_to` bytes of the name were valid.
     BlockNameNotUtf8 { valid_up_to: usize },
-    /// A POSTCOPY payload of `len` bytes whose entries call for `expected` bytes
-    /// (the entries plus each block's bitmap).
-    PostcopyLayout { len: u32, expected: u64 },
+    /// A POSTCOPY block entry whose reserved bytes are not zero.
+    PostcopyReserved { block_index: u32, value: u32 },
     /// A POSTCOPY block whose bitmap does not hold its declared `stale_pages`
     /// (`counted` set bits among its pages), or has bits set past its last page.
     PostcopyBitmap { block_index: u32, declared: u64, counted: u64 },
@@ -93,8 +92,8 @@ impl fmt::Display for DecodeError {
             BlockNameNotUtf8 { valid_up_to } => {
                 write!(f, "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to} of the name)")
             }
-            PostcopyLayout { len, expected } => {
-                write!(f, "POSTCOPY payload length {len} differs from the {expected} bytes its block entries call for")
+            PostcopyReserved { block_index, value } => {
+                write!(f, "POSTCOPY block {block_index} has reserved bytes {value:#x}, not zero")
             }
             PostcopyBitmap { block_index, declared, counted } => write!(
                 f,

@@ -181,9 +181,11 @@ pub enum CommandType {
     Auth = 0x8000_0003,
     /// rdmamig extension: the source's post-copy switch-over, a request
     /// answered by POSTCOPY_DONE. `repeat` [`PostcopyBlock`](super::PostcopyBlock)
-    /// entries (each block's remote address and read key), then each block's
-    /// stale-page bitmap (see [`postcopy_blocks`](super::postcopy_blocks)).
-    Postcopy = 0x8000_0004,
+    /// entries: where the destination reads each block and its stale-page
+    /// bitmap. (0x8000_0004, rdmamig 0.8's POSTCOPY, carried the bitmaps in
+    /// the message, which limited post-copy to about 16 GiB of RAM; it is
+    /// refused as unknown.)
+    Postcopy = 0x8000_0008,
     /// rdmamig extension: the destination's response to POSTCOPY, sent once it
     /// holds every stale page; one [`PostcopySummary`](super::PostcopySummary).
     PostcopyDone = 0x8000_0005,
@@ -227,10 +229,10 @@ impl TryFrom<u32> for CommandType {
             0x8000_0001 => End,
             0x8000_0002 => EndAck,
             0x8000_0003 => Auth,
-            0x8000_0004 => Postcopy,
             0x8000_0005 => PostcopyDone,
             0x8000_0006 => PostcopyFaultQp,
             0x8000_0007 => PostcopyFaultQpResult,
+            0x8000_0008 => Postcopy,
             other => return Err(DecodeError::UnknownType(other)),
         })
     }

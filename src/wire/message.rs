@@ -2,6 +2,7 @@
 
 use std::marker::PhantomData;
 
+use super::entry::need;
 use super::entry::{
     AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, QpEndpoint,
     RegisterRequest, RegisterResult,
@@ -119,7 +120,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// | REGISTER_RESULT | `repeat ≥ 1`, `len == repeat × 16` |
 /// | END (extension) | `repeat == 1`, `len == 16` (one [`EndSummary`]) |
 /// | AUTH (extension) | `repeat == 1`, `len == 32` (one [`AuthProof`]) |
-/// | POSTCOPY (extension) | `len == 0` (no stale page), or `repeat ≥ 1` and see [`postcopy_blocks`] |
+/// | POSTCOPY (extension) | `len == 0` (no stale page), or `len == repeat × 48` ([`PostcopyBlock`]) |
 /// | POSTCOPY_DONE (extension) | `repeat == 1`, `len == 24` (one [`PostcopySummary`]) |
 /// | POSTCOPY_FAULT_QP and its RESULT (extension) | `repeat == 1`, `len == 8` (one [`QpEndpoint`]) |
 ///
@@ -165,12 +166,7 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
         T::End => exactly_one(kind, len, repeat, EndSummary::SIZE)?,
         T::Auth => exactly_one(kind, len, repeat, AuthProof::SIZE)?,
         T::Postcopy if len == 0 => {}
-        T::Postcopy => {
-            if repeat == 0 {
-                return Err(DecodeError::ZeroRepeat { kind, len });
-            }
-            postcopy_blocks(payload, repeat)?;
-        }
+        T::Postcopy => exact_entries(kind, len, repeat, PostcopyBlock::SIZE)?,
         T::PostcopyDone => exactly_one(kind, len, repeat, PostcopySummary::SIZE)?,
         T::PostcopyFaultQp | T::PostcopyFaultQpResult => exactly_one(kind, len, repeat, QpEndpoint::SIZE)?,
     }
@@ -185,48 +181,28 @@ pub const fn postcopy_bitmap_words(length: u64) -> u64 {
     length.div_ceil(POSTCOPY_PAGE_SIZE).div_ceil(64)
 }
 
-/// The blocks of a POSTCOPY payload with `repeat` entries, each with its
-/// stale bitmap (bit `i` of word `i / 64`: page `i` of the block must be
-/// read from the source): the entries come first, then the bitmaps in
-/// entry order, [`postcopy_bitmap_words`] words each; an empty payload
-/// (whatever `repeat`) has no block: nothing is stale. Checks that the
-/// lengths add up exactly, that each bitmap has exactly `stale_pages` bits
-/// set, and none past the block's last page.
-pub fn postcopy_blocks(payload: &[u8], repeat: u32) -> Result<Vec<(PostcopyBlock, Vec<u64>)>, DecodeError> {
-    if payload.is_empty() {
-        // No block has a stale page (the writer says repeat 1 for no entries).
-        return Ok(Vec::new());
+/// The stale bitmap of `block`, read from the source: `bytes` holds its
+/// [`postcopy_bitmap_words`] big-endian words (bit `i` of word `i / 64`:
+/// page `i` of the block must be read from the source). Checks that exactly
+/// `stale_pages` bits are set, none past the block's last page.
+pub fn postcopy_bitmap(block: &PostcopyBlock, bytes: &[u8]) -> Result<Vec<u64>, DecodeError> {
+    let words = postcopy_bitmap_words(block.length);
+    need("POSTCOPY stale bitmap", (words * 8) as usize, bytes)?;
+    let words: Vec<u64> = bytes[..(words * 8) as usize]
+        .chunks_exact(8)
+        .map(|w| u64::from_be_bytes(w.try_into().expect("8 bytes")))
+        .collect();
+    let pages = block.length.div_ceil(POSTCOPY_PAGE_SIZE);
+    let counted: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
+    let past_end = pages % 64 != 0 && words.last().is_some_and(|w| w >> (pages % 64) != 0);
+    if counted != block.stale_pages || past_end {
+        return Err(DecodeError::PostcopyBitmap {
+            block_index: block.block_index,
+            declared: block.stale_pages,
+            counted,
+        });
     }
-    let len = payload.len() as u32;
-    let head = repeat as u64 * PostcopyBlock::SIZE as u64;
-    if (payload.len() as u64) < head {
-        return Err(DecodeError::PostcopyLayout { len, expected: head });
-    }
-    let (entries, mut bitmaps) = payload.split_at(head as usize);
-    let mut expected = head;
-    let mut out = Vec::with_capacity(repeat as usize);
-    for e in entries.chunks_exact(PostcopyBlock::SIZE) {
-        let b = PostcopyBlock::decode(e)?;
-        let bytes = postcopy_bitmap_words(b.length).saturating_mul(8);
-        expected = expected.saturating_add(bytes);
-        if bytes > bitmaps.len() as u64 {
-            return Err(DecodeError::PostcopyLayout { len, expected });
-        }
-        let (map, rest) = bitmaps.split_at(bytes as usize);
-        bitmaps = rest;
-        let words: Vec<u64> = map.chunks_exact(8).map(|w| u64::from_be_bytes(w.try_into().expect("8 bytes"))).collect();
-        let pages = b.length.div_ceil(POSTCOPY_PAGE_SIZE);
-        let counted: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
-        let past_end = pages % 64 != 0 && words.last().is_some_and(|w| w >> (pages % 64) != 0);
-        if counted != b.stale_pages || past_end {
-            return Err(DecodeError::PostcopyBitmap { block_index: b.block_index, declared: b.stale_pages, counted });
-        }
-        out.push((b, words));
-    }
-    if !bitmaps.is_empty() {
-        return Err(DecodeError::PostcopyLayout { len, expected });
-    }
-    Ok(out)
+    Ok(words)
 }
 
 /// Builds one control message (header + payload) in a send buffer.

@@ -19,8 +19,9 @@
 //! END_ACK (types 0x80000001 and 0x80000002); with [`CAP_RDMAMIG_AUTH`] also
 //! the nonces and proofs of peer authentication ([`ConnectData`],
 //! [`AcceptData`], AUTH = 0x80000003 with one [`AuthProof`]); post-copy:
-//! POSTCOPY = 0x80000004 ([`PostcopyBlock`] entries then stale bitmaps,
-//! [`postcopy_blocks`]) answered by POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]),
+//! POSTCOPY = 0x80000008 ([`PostcopyBlock`] entries; the destination reads
+//! each stale bitmap from the source, [`postcopy_bitmap`]) answered by
+//! POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]),
 //! after POSTCOPY_FAULT_QP = 0x80000006 and its result 0x80000007 (one
 //! [`QpEndpoint`] each) set up the queue pair for fault reads.
 
@@ -41,7 +42,7 @@ pub use header::{
     decode_header, encode_header, AcceptData, AuthChallenge, Capabilities, CommandType, ConnectData, ControlHeader,
 };
 pub use message::{
-    decode_message, postcopy_bitmap_words, postcopy_blocks, Entries, Message, MessageWriter, POSTCOPY_PAGE_SIZE,
+    decode_message, postcopy_bitmap, postcopy_bitmap_words, Entries, Message, MessageWriter, POSTCOPY_PAGE_SIZE,
 };
 
 /// Size of the control header.

@@ -73,28 +73,13 @@ fn command_type_numbers() {
     assert_eq!(CommandType::try_from(0x8000_0002), Ok(CommandType::EndAck));
     assert_eq!(CommandType::try_from(0x8000_0000), Err(DecodeError::UnknownType(0x8000_0000)));
     assert_eq!(CommandType::try_from(0x8000_0003), Ok(CommandType::Auth));
-    assert_eq!(CommandType::try_from(0x8000_0004), Ok(CommandType::Postcopy));
+    // 0x8000_0004 was rdmamig 0.8's POSTCOPY (bitmaps in the message): unknown now.
+    assert_eq!(CommandType::try_from(0x8000_0004), Err(DecodeError::UnknownType(0x8000_0004)));
     assert_eq!(CommandType::try_from(0x8000_0005), Ok(CommandType::PostcopyDone));
     assert_eq!(CommandType::try_from(0x8000_0006), Ok(CommandType::PostcopyFaultQp));
     assert_eq!(CommandType::try_from(0x8000_0007), Ok(CommandType::PostcopyFaultQpResult));
-    assert_eq!(CommandType::try_from(0x8000_0008), Err(DecodeError::UnknownType(0x8000_0008)));
-}
-
-/// A POSTCOPY message over `blocks` (entry, bitmap words).
-fn postcopy_msg(blocks: &[(PostcopyBlock, Vec<u64>)]) -> Vec<u8> {
-    let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
-    let mut w = MessageWriter::new(&mut buf, CommandType::Postcopy);
-    for (b, _) in blocks {
-        w.push(b).unwrap();
-    }
-    for (_, words) in blocks {
-        for word in words {
-            w.push_bytes(&word.to_be_bytes()).unwrap();
-        }
-    }
-    let n = w.finish();
-    buf.truncate(n);
-    buf
+    assert_eq!(CommandType::try_from(0x8000_0008), Ok(CommandType::Postcopy));
+    assert_eq!(CommandType::try_from(0x8000_0009), Err(DecodeError::UnknownType(0x8000_0009)));
 }
 
 #[test]
@@ -106,51 +91,57 @@ fn postcopy_messages() {
         remote_addr: 0x7f00_0000_0000,
         length: 130 * 4096,
         stale_pages: 3,
+        bitmap_addr: 0x5500_0000_1000,
+        bitmap_rkey: 0x99,
     };
-    let b = PostcopyBlock { block_index: 0, rkey: 7, remote_addr: 0x1000, length: 1 << 20, stale_pages: 1 };
+    let b = PostcopyBlock { block_index: 0, length: 1 << 20, stale_pages: 1, ..a };
     assert_eq!((postcopy_bitmap_words(a.length), postcopy_bitmap_words(b.length)), (3, 4));
     assert_eq!(postcopy_bitmap_words(4097), 1);
-    let blocks = vec![(a, vec![1, 0, 0b11]), (b, vec![0, 0, 0, 1 << 63])];
-    let buf = postcopy_msg(&blocks);
-    assert_eq!(buf.len(), 16 + 2 * 32 + 7 * 8);
-    assert_eq!(&buf[4..12], &[0x80, 0, 0, 4, 0, 0, 0, 2]);
-    let m = decode_message(&buf).unwrap();
-    assert_eq!(postcopy_blocks(m.payload, m.repeat).unwrap(), blocks);
-
-    // Each rule, broken once.
-    let layout = |blocks: &[(PostcopyBlock, Vec<u64>)], drop: usize| {
-        let mut v = postcopy_msg(blocks);
-        v.truncate(v.len() - drop);
-        let len = (v.len() - 16) as u32;
-        v[..4].copy_from_slice(&len.to_be_bytes());
-        decode_message(&v).map(|m| m.kind)
-    };
-    assert!(matches!(layout(&blocks, 8), Err(DecodeError::PostcopyLayout { .. })), "a bitmap word short");
-    let mut extra = postcopy_msg(&blocks);
-    extra.extend_from_slice(&[0; 8]);
-    let len = (extra.len() - 16) as u32;
-    extra[..4].copy_from_slice(&len.to_be_bytes());
-    assert!(matches!(decode_message(&extra), Err(DecodeError::PostcopyLayout { .. })), "a word too many");
-    let miscounted = [(PostcopyBlock { stale_pages: 4, ..a }, vec![1, 0, 0b11])];
-    assert_eq!(layout(&miscounted, 0), Err(DecodeError::PostcopyBitmap { block_index: 1, declared: 4, counted: 3 }));
-    // Page 130 is past the block's 130 pages.
-    let past = [(PostcopyBlock { stale_pages: 1, ..a }, vec![0, 0, 0b100])];
-    assert!(matches!(layout(&past, 0), Err(DecodeError::PostcopyBitmap { .. })));
-    // Nothing stale: no entry, as the writer makes it (repeat 1).
-    let none = msg(CommandType::Postcopy, 1, &[]);
-    let m = decode_message(&none).unwrap();
-    assert_eq!(postcopy_blocks(m.payload, m.repeat).unwrap(), vec![]);
+    let mut buf = vec![0u8; 256];
+    let mut w = MessageWriter::new(&mut buf, CommandType::Postcopy);
+    w.push(&a).unwrap();
+    w.push(&b).unwrap();
+    let n = w.finish();
+    assert_eq!(n, 16 + 2 * 48);
+    assert_eq!(&buf[4..12], &[0x80, 0, 0, 8, 0, 0, 0, 2]);
+    let m = decode_message(&buf[..n]).unwrap();
+    assert_eq!(m.entries::<PostcopyBlock>().collect::<Result<Vec<_>, _>>().unwrap(), vec![a, b]);
     assert_eq!(
-        decode_message(&msg(CommandType::Postcopy, 0, &[0; 32])),
-        Err(DecodeError::ZeroRepeat { kind: CommandType::Postcopy, len: 32 })
+        decode_message(&buf[..n - 8]).map(|m| m.kind),
+        Err(DecodeError::LengthMismatch { len: 96, received: 96 + 8 })
+    );
+    let mut reserved = buf[..n].to_vec();
+    reserved[16 + 47] = 1;
+    let m = decode_message(&reserved).unwrap();
+    assert_eq!(
+        m.entries::<PostcopyBlock>().next(),
+        Some(Err(DecodeError::PostcopyReserved { block_index: 1, value: 1 }))
+    );
+    // Nothing stale: no entry, as the writer makes it (repeat 1).
+    assert_eq!(decode_message(&msg(CommandType::Postcopy, 1, &[])).unwrap().payload, &[] as &[u8]);
+    assert_eq!(
+        decode_message(&msg(CommandType::Postcopy, 0, &[0; 48])),
+        Err(DecodeError::ZeroRepeat { kind: CommandType::Postcopy, len: 48 })
     );
     assert!(matches!(
-        decode_message(&msg(CommandType::Postcopy, 2, &[0; 32])),
-        Err(DecodeError::PostcopyLayout { .. })
+        decode_message(&msg(CommandType::Postcopy, 2, &[0; 48])),
+        Err(DecodeError::PayloadSizeMismatch { .. })
     ));
-    // A huge length cannot overflow the expected size.
-    let huge = [(PostcopyBlock { length: u64::MAX, stale_pages: 0, ..a }, vec![])];
-    assert!(matches!(layout(&huge, 0), Err(DecodeError::PostcopyLayout { .. })));
+
+    // The bitmaps, as read from the source: big-endian words.
+    let bytes = |words: &[u64]| words.iter().flat_map(|w| w.to_be_bytes()).collect::<Vec<u8>>();
+    assert_eq!(postcopy_bitmap(&a, &bytes(&[1, 0, 0b11])), Ok(vec![1, 0, 0b11]));
+    assert_eq!(postcopy_bitmap(&b, &bytes(&[0, 0, 0, 1 << 63])), Ok(vec![0, 0, 0, 1 << 63]));
+    // Each rule, broken once.
+    assert!(matches!(postcopy_bitmap(&a, &bytes(&[1, 0])), Err(DecodeError::TooShort { .. })), "a word short");
+    let miscounted = PostcopyBlock { stale_pages: 4, ..a };
+    assert_eq!(
+        postcopy_bitmap(&miscounted, &bytes(&[1, 0, 0b11])),
+        Err(DecodeError::PostcopyBitmap { block_index: 1, declared: 4, counted: 3 })
+    );
+    // Page 130 is past the block's 130 pages.
+    let past = PostcopyBlock { stale_pages: 1, ..a };
+    assert!(matches!(postcopy_bitmap(&past, &bytes(&[0, 0, 0b100])), Err(DecodeError::PostcopyBitmap { .. })));
 
     // POSTCOPY_DONE: exactly one summary.
     let summary = PostcopySummary { pages: 5, faults: 2, bytes: 3 << 12 };

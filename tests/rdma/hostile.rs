@@ -368,7 +368,7 @@ pub(crate) struct Peer {
     qp: Arc<QueuePair>,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
-    pd: Arc<ProtectionDomain>,
+    pub(crate) pd: Arc<ProtectionDomain>,
     recv: Vec<ControlBuffer>,
     send_buf: ControlBuffer,
     /// Receive buffers posted, in posting order (receives complete in that order).
@@ -408,7 +408,8 @@ impl Peer {
         // QEMU's parameters: rnr_retry 0, so a SEND without a posted receive kills the QP.
         let param = ConnParam {
             private_data: private,
-            responder_resources: 0,
+            // QEMU's 0 would do but for post-copy, where the destination reads from the peer.
+            responder_resources: 1,
             initiator_depth: 2,
             retry_count: 5,
             rnr_retry_count: 0,
@@ -994,7 +995,8 @@ fn repeat_times_entry_size_wrapping_u32_is_refused() {
 
 #[test]
 fn unknown_command_types_are_refused() {
-    for kind in [12, 0x7FFF_FFFF, 0x8000_0008] {
+    // 0x8000_0004: rdmamig 0.8's POSTCOPY, whose bitmaps were in the message.
+    for kind in [12, 0x7FFF_FFFF, 0x8000_0004, 0x8000_0009] {
         let mut s = after_blocks(0);
         s.rejects(&raw_message(0, kind, 1, &[]), &[format!("unknown control message type {kind}").as_str()]);
     }
@@ -1004,7 +1006,7 @@ fn unknown_command_types_are_refused() {
 /// extensions, and one whose block does not match this side's.
 #[test]
 fn postcopy_without_extensions_or_with_a_wrong_block_is_refused() {
-    let block = PostcopyBlock { block_index: 0, rkey: 1, remote_addr: 0x1000, length: 0, stale_pages: 0 };
+    let block = PostcopyBlock { block_index: 0, rkey: 1, remote_addr: 0x1000, ..PostcopyBlock::default() };
     let mut s = after_blocks(0);
     s.rejects(&message(CommandType::Postcopy, &[block]), &["unexpected Postcopy"]);
     // Inside the window the RAM-block exchange opened, it is not expected either.
@@ -1013,6 +1015,44 @@ fn postcopy_without_extensions_or_with_a_wrong_block_is_refused() {
     let mut s = after_blocks(CAP_RDMAMIG_EXT);
     s.peer.finish_window();
     s.rejects(&message(CommandType::Postcopy, &[block]), &["malformed POSTCOPY", "bytes here, 0 on the source"]);
+}
+
+/// POSTCOPY whose stale bitmap, read from the peer, holds another count
+/// than its entry declares, or cannot be read (a wrong read key): refused
+/// before any guest page is dropped (`rejects` checks the RAM).
+#[test]
+fn postcopy_bitmap_that_miscounts_or_cannot_be_read_is_refused() {
+    let length = BLOCKS[PC].length;
+    // Three stale pages, as big-endian words.
+    let mut bitmap = vec![0u8; ((length / 4096).div_ceil(64) * 8) as usize];
+    bitmap[..8].copy_from_slice(&0b1011u64.to_be_bytes());
+    for (declared, key_off, words) in [
+        (4, 0, &["malformed POSTCOPY", "declares 4 stale pages, its bitmap holds 3"][..]),
+        (3, 1, &["RDMA READ (post-copy)", "failed"][..]),
+    ] {
+        let mut s = after_blocks(CAP_RDMAMIG_EXT);
+        s.peer.finish_window();
+        // SAFETY: `bitmap` outlives `mr` (dropped at the end of the iteration, after the destination's end).
+        let mr = unsafe { s.peer.pd.register(bitmap.as_mut_ptr(), bitmap.len(), Access::REMOTE_READ) }.unwrap();
+        let block = PostcopyBlock {
+            block_index: PC as u32,
+            rkey: mr.rkey(),
+            remote_addr: mr.addr(),
+            length,
+            stale_pages: declared,
+            bitmap_addr: mr.addr(),
+            bitmap_rkey: mr.rkey() ^ key_off,
+        };
+        if key_off == 0 {
+            s.rejects(&message(CommandType::Postcopy, &[block]), words);
+        } else {
+            s.peer.take_ready();
+            s.peer.send_raw(1, &message(CommandType::Postcopy, &[block]));
+            s.dropped(&[ErrorKind::Verbs], words);
+        }
+        drop(s);
+        drop(mr);
+    }
 }
 
 /// POSTCOPY_FAULT_QP (rdmamig extension): refused without the extensions

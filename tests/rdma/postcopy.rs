@@ -56,6 +56,67 @@ fn postcopy_with_nothing_stale_ends_at_once() {
     assert!(src.bytes() == dst.bytes());
 }
 
+/// A block of 17 GiB: its stale bitmap (544 KiB) is more than one control
+/// message holds, so the destination reads it from the source, in three
+/// reads. The source registers the block whole, which backs every page:
+/// its 17 GiB are 17 views of one 1 GiB memory file; the destination's are
+/// never touched but where pages arrive. The stale pages lie all over the
+/// block, the last one at its end; a vCPU reads some of them while
+/// post-copy runs, and at the end each holds the source's content and a
+/// page between them is still zero.
+#[test]
+fn postcopy_of_a_block_whose_bitmap_exceeds_a_message() {
+    let len = 17 << 30;
+    let pages = len / PAGE;
+    let src = GuestRam::repeated(1 << 30, 17);
+    let dst = GuestRam::sparse(len);
+    let stale: Vec<u64> = (0..199).map(|i| i * (pages / 199)).chain([pages - 1]).collect();
+    let fill = |ram: &GuestRam, page: u64, round: u64| {
+        for w in (0..PAGE).step_by(8) {
+            ram.write_u64(page * PAGE + w, mix(page << 20 ^ w ^ round << 60) | 1);
+        }
+    };
+    for &p in &stale {
+        fill(&src, p, 1);
+    }
+    let config = Config::default();
+    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    // One window sends the pages as they were; then they change: stale.
+    source.iteration_begin().unwrap();
+    for &p in &stale {
+        source.save(0, p * PAGE, PAGE).unwrap();
+    }
+    source.iteration_end().unwrap();
+    let mut bitmap = vec![0u64; pages.div_ceil(64) as usize];
+    for &p in &stale {
+        fill(&src, p, 2);
+        bitmap[(p / 64) as usize] |= 1 << (p % 64);
+    }
+    let page_of = |ram: &GuestRam, p: u64| unsafe {
+        std::slice::from_raw_parts(ram.ptr().add((p * PAGE) as usize), PAGE as usize).to_vec()
+    };
+    let summary = thread::scope(|s| {
+        let vcpu = s.spawn(|| {
+            dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(120))).unwrap();
+            for &p in stale.iter().step_by(7).rev() {
+                assert!(page_of(&dst, p) == page_of(&src, p), "page {p} read on the destination");
+            }
+        });
+        let summary = source.postcopy(&[StalePages { block: 0, bitmap }]).unwrap();
+        vcpu.join().unwrap();
+        summary
+    });
+    assert_eq!(summary.pages, stale.len() as u64);
+    let done = dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(60))).unwrap();
+    assert_eq!((done.pages_total, done.pages_remaining), (stale.len() as u64, 0));
+    for &p in &stale {
+        assert!(page_of(&dst, p) == page_of(&src, p), "page {p} after post-copy");
+    }
+    assert!(page_of(&dst, stale[150] + 1).iter().all(|&b| b == 0));
+    assert_eq!(source.close().unwrap(), Ending::Completed);
+    assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), Ending::Completed);
+}
+
 /// Whether `page` of `ram` is missing (not resident): touching it faults.
 fn missing(ram: &GuestRam, page: u64) -> bool {
     let mut v = 0u8;

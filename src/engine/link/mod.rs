@@ -668,6 +668,21 @@ impl Link {
         Ok(())
     }
 
+    /// One RDMA READ on the connection's QP, waited for (within the
+    /// timeout): for a caller with no other read in flight.
+    ///
+    /// # Safety
+    /// As [`post_read`](Self::post_read).
+    pub unsafe fn read(&mut self, sge: Sge, remote_addr: u64, rkey: u32) -> Result<()> {
+        debug_assert!(self.reads_done.is_empty());
+        // SAFETY: as this function's contract.
+        unsafe { self.post_read(0, sge, remote_addr, rkey, false)? };
+        let deadline = self.deadline();
+        self.wait_until("an RDMA READ to complete", deadline, |l| !l.reads_done.is_empty())?;
+        self.reads_done.clear();
+        Ok(())
+    }
+
     /// Moves the tags of the READs completed since the last call into `out`.
     pub fn take_reads(&mut self, out: &mut Vec<u64>) {
         out.append(&mut self.reads_done);

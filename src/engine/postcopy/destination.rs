@@ -23,10 +23,13 @@ use super::uffd::{Installed, Userfault};
 use super::{PostcopyPhase, Progress};
 use crate::engine::link::Link;
 use crate::engine::logging;
+use crate::engine::page_buffer::PageBuffer;
 use crate::engine::ram::RamBlocks;
 use crate::engine::validate;
 use crate::verbs::{Access, MemoryRegion, Sge};
-use crate::wire::{postcopy_blocks, Message, PostcopySummary, POSTCOPY_PAGE_SIZE};
+use crate::wire::{
+    postcopy_bitmap, postcopy_bitmap_words, Message, PostcopyBlock, PostcopySummary, POSTCOPY_PAGE_SIZE,
+};
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -38,6 +41,8 @@ const PULL_PAGES: u64 = 16;
 const PULL_DEPTH: usize = 4;
 /// Pull slots: the reads in flight, and completed ones being installed.
 const PULL_SLOTS: usize = PULL_DEPTH + 2;
+/// The largest read of a stale bitmap (256 KiB: 8 GiB of guest RAM).
+const BITMAP_READ: u64 = 256 << 10;
 /// Fault reads in flight at most (more faults queue).
 const FAULT_SLOTS: usize = 16;
 /// After a fault, background reads are held back this long (at most one in
@@ -61,11 +66,10 @@ const FAULT_TAG: u64 = 1 << 16;
 pub struct PlanBlock {
     host: usize,
     length: u64,
-    remote_addr: u64,
-    rkey: u32,
-    /// Stale pages not installed yet (bit per page).
+    /// The source's entry: where to read the block and its stale bitmap.
+    source: PostcopyBlock,
+    /// Stale pages not installed yet (bit per page), once read (`read_bitmaps`).
     stale: Vec<u64>,
-    stale_pages: u64,
 }
 
 impl PlanBlock {
@@ -83,10 +87,10 @@ fn protocol(why: String) -> Error {
 /// The blocks of a POSTCOPY message (already validated by `decode_message`),
 /// mapped to this side's blocks through the source's block order.
 pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<PlanBlock>> {
-    let blocks = postcopy_blocks(m.payload, m.repeat).map_err(|e| protocol(e.to_string()))?;
     let mut seen = HashSet::new();
-    let mut plan = Vec::with_capacity(blocks.len());
-    for (b, stale) in blocks {
+    let mut plan = Vec::new();
+    for b in m.entries::<PostcopyBlock>() {
+        let b = b.map_err(|e| protocol(e.to_string()))?;
         let (local, block) = validate::local_block(order, ram, b.block_index)?;
         if !seen.insert(local) {
             return Err(protocol(format!("block {} listed twice", b.block_index)));
@@ -103,65 +107,44 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
                 format!("post-copy needs page-aligned blocks: '{}' is not", block.name),
             ));
         }
-        if b.remote_addr.checked_add(b.length).is_none() {
-            return Err(protocol(format!("block {} at {:#x} wraps the address space", b.block_index, b.remote_addr)));
+        let bitmap_len = postcopy_bitmap_words(b.length) * 8;
+        for (what, at, len) in [("block", b.remote_addr, b.length), ("bitmap", b.bitmap_addr, bitmap_len)] {
+            if at.checked_add(len).is_none() {
+                return Err(protocol(format!(
+                    "the {what} of block {} at {at:#x} wraps the address space",
+                    b.block_index
+                )));
+            }
+        }
+        if b.stale_pages > b.length / PAGE {
+            return Err(protocol(format!(
+                "block {} declares {} stale pages of its {}",
+                b.block_index,
+                b.stale_pages,
+                b.length / PAGE
+            )));
         }
         if b.stale_pages > 0 {
-            plan.push(PlanBlock {
-                host: block.host,
-                length: block.length,
-                remote_addr: b.remote_addr,
-                rkey: b.rkey,
-                stale,
-                stale_pages: b.stale_pages,
-            });
+            plan.push(PlanBlock { host: block.host, length: block.length, source: b, stale: Vec::new() });
         }
     }
     Ok(plan)
 }
 
-/// An anonymous mapping, unmapped on drop.
-struct Mapping {
-    base: *mut u8,
-    len: usize,
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping; nothing uses it any more.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
 /// The registered staging buffer the READs land in: `PULL_SLOTS` pull
 /// slots, then `FAULT_SLOTS` pages. `mr` is declared first, so it is
-/// deregistered (no more DMA into the memory) before the memory is unmapped.
+/// deregistered (no more DMA into the memory) before the memory is freed.
 struct Staging {
     mr: MemoryRegion,
-    map: Mapping,
+    mem: PageBuffer,
 }
 
 impl Staging {
     fn new(link: &Link) -> Result<Staging> {
-        let len = (PULL_SLOTS as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE) as usize;
-        // SAFETY: a fresh private anonymous mapping.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(Error::new(ErrorKind::Verbs, "cannot map the post-copy staging buffer"));
-        }
-        let map = Mapping { base: base.cast(), len };
-        // SAFETY: the mapping lives as long as `Staging`, and is unmapped after the MR (field order).
-        let mr = unsafe { link.pd.register(map.base, len, Access::LOCAL_WRITE)? };
-        Ok(Staging { mr, map })
+        let mem = PageBuffer::new((PULL_SLOTS as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE) as usize);
+        // SAFETY: the buffer lives as long as `Staging`, and is freed after the MR (field order).
+        let mr = unsafe { link.pd.register(mem.ptr(), mem.len(), Access::LOCAL_WRITE)? };
+        Ok(Staging { mr, mem })
     }
 
     fn pull_slot(&self, i: usize) -> u64 {
@@ -177,9 +160,9 @@ impl Staging {
     }
 
     fn ptr(&self, at: u64) -> *const u8 {
-        debug_assert!((at as usize) < self.map.len);
-        // SAFETY: callers pass offsets of slots inside the mapping.
-        unsafe { self.map.base.add(at as usize) }
+        debug_assert!((at as usize) < self.mem.len());
+        // SAFETY: callers pass offsets of slots inside the buffer.
+        unsafe { self.mem.ptr().add(at as usize) }
     }
 }
 
@@ -240,6 +223,35 @@ struct Puller<'a> {
     last_pull: Option<Instant>,
     /// Pages announced stale (never cleared): a fault on a page outside it is a zero page.
     announced: Vec<Vec<u64>>,
+}
+
+/// Reads each block's stale bitmap from the source (one read at a time, of
+/// at most `BITMAP_READ` bytes: there are few) into one buffer, then checks it.
+fn read_bitmaps(link: &mut Link, blocks: &mut [PlanBlock]) -> Result<()> {
+    let len = |b: &PlanBlock| postcopy_bitmap_words(b.length) * 8;
+    let mut buf = PageBuffer::new(blocks.iter().map(len).sum::<u64>() as usize);
+    {
+        // SAFETY: `buf` outlives the registration (dropped at the end of this scope).
+        let mr = unsafe { link.pd.register(buf.ptr(), buf.len(), Access::LOCAL_WRITE)? };
+        let mut at = 0;
+        for b in blocks.iter() {
+            for from in (0..len(b)).step_by(BITMAP_READ as usize) {
+                let n = (len(b) - from).min(BITMAP_READ);
+                let sge = mr.sge((at + from) as usize, n as u32).expect("inside the buffer");
+                // SAFETY: nothing else uses `buf` until the read completes;
+                // `plan` checked that the source's range does not wrap.
+                unsafe { link.read(sge, b.source.bitmap_addr + from, b.source.bitmap_rkey)? };
+            }
+            at += len(b);
+        }
+    }
+    let mut at = 0;
+    for b in blocks.iter_mut() {
+        let bytes = &buf.bytes_mut()[at as usize..(at + len(b)) as usize];
+        b.stale = postcopy_bitmap(&b.source, bytes).map_err(|e| protocol(e.to_string()))?;
+        at += len(b);
+    }
+    Ok(())
 }
 
 /// Drops the stale pages at `[addr, addr + len)` (inside a block, which the
@@ -332,7 +344,7 @@ impl Drop for Blocked {
 /// release of blocked threads) once the failure is reported.
 pub(crate) fn run(
     link: &mut Link,
-    blocks: Vec<PlanBlock>,
+    mut blocks: Vec<PlanBlock>,
     progress: &Progress,
     running: &dyn Fn(),
     blocked: &mut Option<Blocked>,
@@ -342,9 +354,10 @@ pub(crate) fn run(
     if host_page as u64 != PAGE {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
     }
+    read_bitmaps(link, &mut blocks)?;
     let spans = blocks.iter().map(|b| (b.host, b.length)).collect();
     let uffd = blocked.insert(Blocked { uffd: Some(Userfault::new()?), spans }).uffd.as_ref().expect("just opened");
-    let total: u64 = blocks.iter().map(|b| b.stale_pages).sum();
+    let total: u64 = blocks.iter().map(|b| b.source.stale_pages).sum();
     for b in &blocks {
         uffd.register(b.host, b.length)?;
         let pages = b.length / PAGE;
@@ -501,7 +514,9 @@ impl Puller<'_> {
             let sge = self.staging.sge(self.staging.fault_slot(j), PAGE);
             // SAFETY: the slot is free (nothing reads or writes it until the
             // completion); the page lies in the source's block MR.
-            unsafe { link.post_read(FAULT_TAG + j as u64, sge, b.remote_addr + page * PAGE, b.rkey, true)? };
+            unsafe {
+                link.post_read(FAULT_TAG + j as u64, sge, b.source.remote_addr + page * PAGE, b.source.rkey, true)?
+            };
             self.faults[j] = Some((block, page));
         }
         Ok(())
@@ -534,7 +549,7 @@ impl Puller<'_> {
             let b = &self.blocks[pull.block];
             let sge = self.staging.sge(self.staging.pull_slot(i), pull.pages * PAGE);
             // SAFETY: as in `post_faults`.
-            unsafe { link.post_read(i as u64, sge, b.remote_addr + pull.first * PAGE, b.rkey, false)? };
+            unsafe { link.post_read(i as u64, sge, b.source.remote_addr + pull.first * PAGE, b.source.rkey, false)? };
             self.pulls[i] = Some(pull);
             self.last_pull = Some(Instant::now());
             if held {

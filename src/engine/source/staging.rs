@@ -3,41 +3,13 @@
 //! and written from there, so the guest's untouched and shared pages stay
 //! untouched and shared. A slot is reused once its write has completed.
 
-use std::alloc::{self, Layout};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+use crate::engine::page_buffer::PageBuffer;
 use crate::engine::pin::Pins;
 use crate::verbs::{MemoryRegion, Sge};
 use crate::Result;
-
-/// Page-aligned heap memory (rdma-core's fork support wants whole pages).
-struct PageBuffer {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl PageBuffer {
-    fn new(len: usize) -> PageBuffer {
-        let layout = Layout::from_size_align(len, 4096).expect("a staging size is a page multiple");
-        // SAFETY: `len` is not zero.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            alloc::handle_alloc_error(layout);
-        }
-        PageBuffer { ptr, layout }
-    }
-}
-
-impl Drop for PageBuffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { alloc::dealloc(self.ptr, self.layout) };
-    }
-}
-
-// SAFETY: plain heap memory, used by the transfer thread and the NIC only.
-unsafe impl Send for PageBuffer {}
 
 pub(super) struct Staging {
     /// Declared before `mem`, but the MR may outlive it on the unregistration
@@ -59,7 +31,7 @@ impl Staging {
     pub fn new(pins: &Pins, size: u64) -> Result<Staging> {
         let mem = PageBuffer::new(size as usize);
         // SAFETY: `mem` lives as long as `self`; see `mr` for after.
-        let mr = unsafe { pins.register(mem.ptr, size, crate::verbs::Access::LOCAL_WRITE)? };
+        let mr = unsafe { pins.register(mem.ptr(), size, crate::verbs::Access::LOCAL_WRITE)? };
         Ok(Staging { mr: Some(mr), mem, size, head: 0, tail: 0, inflight: VecDeque::new() })
     }
 
@@ -80,7 +52,7 @@ impl Staging {
         if start + len - self.tail > self.size {
             return None;
         }
-        copy_racing(src, self.mem.ptr.add(at as usize), len as usize);
+        copy_racing(src, self.mem.ptr().add(at as usize), len as usize);
         self.head = start + len;
         let mr = self.mr.as_ref()?;
         mr.sge(at as usize, len as u32)
