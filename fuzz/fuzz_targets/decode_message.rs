@@ -65,11 +65,26 @@ fuzz_target!(|data: &[u8]| {
         let mut b = [0u8; PostcopyBlock::SIZE];
         e.encode(&mut b);
         assert_eq!(PostcopyBlock::decode(&b), Ok(e));
-        // The payload read as this block's stale bitmap: accepted only with its count.
-        if let Ok(words) = postcopy_bitmap(&e, m.payload) {
-            assert_eq!(words.len() as u64, postcopy_bitmap_words(e.length));
-            assert_eq!(words.iter().map(|w| w.count_ones() as u64).sum::<u64>(), e.stale_pages);
+        // The payload read as this block's table: accepted only as documented.
+        if let Ok((stale, regions)) = postcopy_table(&e, m.payload) {
+            assert_eq!(stale.len() as u64, postcopy_bitmap_words(e.length));
+            assert_eq!(stale.iter().map(|w| w.count_ones() as u64).sum::<u64>(), e.stale_pages);
+            assert_eq!(regions.len(), e.regions as usize);
+            let mut end = 0;
+            for r in &regions {
+                assert!(r.length > 0 && r.offset >= end && r.offset + r.length <= e.length);
+                end = r.offset + r.length;
+            }
+            for p in (0..e.length.div_ceil(POSTCOPY_PAGE_SIZE)).filter(|p| stale[(p / 64) as usize] >> (p % 64) & 1 != 0) {
+                let at = p * POSTCOPY_PAGE_SIZE;
+                assert!(regions.iter().any(|r| (r.offset..r.offset + r.length).contains(&at)), "page {p} uncovered");
+            }
         }
+    }
+    for e in m.entries::<PostcopyRegion>().flatten() {
+        let mut b = [0u8; PostcopyRegion::SIZE];
+        e.encode(&mut b);
+        assert_eq!(PostcopyRegion::decode(&b), Ok(e));
     }
     for e in m.entries::<BlockSpec>().flatten() {
         let mut b = [0u8; BlockSpec::SIZE];

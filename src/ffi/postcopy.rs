@@ -135,8 +135,8 @@ const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
 /// and the device state (`rdmamig_conn_put`), with the guest stopped:
 /// `blocks` (`n_blocks` entries, each block at most once; blocks not listed
 /// have no stale page) says which pages the destination does not have
-/// right. The call sends the stream bytes put so far, registers each block
-/// with stale pages whole for remote read (within the pin budget, see
+/// right. The call sends the stream bytes put so far, registers the 2 MiB
+/// windows that hold stale pages for remote read (within the pin budget, see
 /// `rdmamig_config_set_pin_budget`), tells the destination, which pulls the
 /// pages itself with RDMA READs while its guest runs, and waits for its
 /// "done". Until the call returns the guest's memory must stay mapped and

@@ -300,57 +300,88 @@ impl Entry for AuthProof {
     }
 }
 
-/// rdmamig extension: one block of a POSTCOPY message (48 bytes): where the
-/// destination reads the block on the source (`remote_addr`, read key `rkey`),
-/// its length, how many of its pages are stale, and where it reads the
-/// block's stale bitmap (`bitmap_addr`, read key `bitmap_rkey`:
-/// [`postcopy_bitmap_words`](super::postcopy_bitmap_words) big-endian words,
-/// checked by [`postcopy_bitmap`](super::postcopy_bitmap)). The last 4 bytes
-/// are reserved: zero.
+/// rdmamig extension: one block of a POSTCOPY message (40 bytes): the
+/// block, its length, how many of its pages are stale, and where the
+/// destination reads the block's table (`table_addr`, read key `table_rkey`):
+/// its stale bitmap, then its `regions` [`PostcopyRegion`] entries, which say
+/// where the stale pages can be read (see
+/// [`postcopy_table`](super::postcopy_table)). The last 4 bytes are
+/// reserved: zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct PostcopyBlock {
     /// The block's index in the source's order (RAM_BLOCKS_REQUEST).
     pub block_index: u32,
-    pub rkey: u32,
-    pub remote_addr: u64,
+    pub regions: u32,
     pub length: u64,
     /// The set bits of its bitmap.
     pub stale_pages: u64,
-    pub bitmap_addr: u64,
-    pub bitmap_rkey: u32,
+    pub table_addr: u64,
+    pub table_rkey: u32,
 }
 
 impl Entry for PostcopyBlock {
-    const SIZE: usize = 48;
+    const SIZE: usize = 40;
 
     fn encode(&self, out: &mut [u8]) {
         let out = &mut out[..Self::SIZE];
         put32(out, 0, self.block_index);
-        put32(out, 4, self.rkey);
-        put64(out, 8, self.remote_addr);
-        put64(out, 16, self.length);
-        put64(out, 24, self.stale_pages);
-        put64(out, 32, self.bitmap_addr);
-        put32(out, 40, self.bitmap_rkey);
-        put32(out, 44, 0);
+        put32(out, 4, self.regions);
+        put64(out, 8, self.length);
+        put64(out, 16, self.stale_pages);
+        put64(out, 24, self.table_addr);
+        put32(out, 32, self.table_rkey);
+        put32(out, 36, 0);
     }
 
     fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         need("PostcopyBlock entry", Self::SIZE, b)?;
-        let block_index = be32(b, 0);
-        let reserved = be32(b, 44);
-        if reserved != 0 {
-            return Err(DecodeError::PostcopyReserved { block_index, value: reserved });
-        }
+        reserved_zero(be32(b, 36))?;
         Ok(PostcopyBlock {
-            block_index,
-            rkey: be32(b, 4),
-            remote_addr: be64(b, 8),
-            length: be64(b, 16),
-            stale_pages: be64(b, 24),
-            bitmap_addr: be64(b, 32),
-            bitmap_rkey: be32(b, 40),
+            block_index: be32(b, 0),
+            regions: be32(b, 4),
+            length: be64(b, 8),
+            stale_pages: be64(b, 16),
+            table_addr: be64(b, 24),
+            table_rkey: be32(b, 32),
         })
+    }
+}
+
+/// rdmamig extension: a part of a post-copy block the source registered for
+/// remote read (32 bytes): `length` bytes at `offset` in the block, read at
+/// `remote_addr` with `rkey`. The last 4 bytes are reserved: zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PostcopyRegion {
+    pub offset: u64,
+    pub length: u64,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+impl Entry for PostcopyRegion {
+    const SIZE: usize = 32;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put64(out, 0, self.offset);
+        put64(out, 8, self.length);
+        put64(out, 16, self.remote_addr);
+        put32(out, 24, self.rkey);
+        put32(out, 28, 0);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("PostcopyRegion entry", Self::SIZE, b)?;
+        reserved_zero(be32(b, 28))?;
+        Ok(PostcopyRegion { offset: be64(b, 0), length: be64(b, 8), remote_addr: be64(b, 16), rkey: be32(b, 24) })
+    }
+}
+
+/// Reserved bytes of an rdmamig entry: zero, so that a later version may use them.
+fn reserved_zero(value: u32) -> Result<(), DecodeError> {
+    match value {
+        0 => Ok(()),
+        value => Err(DecodeError::ReservedNotZero { value }),
     }
 }
 

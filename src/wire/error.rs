@@ -40,8 +40,11 @@ pub enum DecodeError {
     UnterminatedBlockName,
     /// A block-spec entry whose name is not valid UTF-8; `valid_up_to` bytes of the name were valid.
     BlockNameNotUtf8 { valid_up_to: usize },
-    /// A POSTCOPY block entry whose reserved bytes are not zero.
-    PostcopyReserved { block_index: u32, value: u32 },
+    /// An rdmamig entry whose reserved bytes are not zero.
+    ReservedNotZero { value: u32 },
+    /// A POSTCOPY block whose regions are not page-aligned, sorted, disjoint
+    /// parts of it that cover every stale page (`why` says which rule failed).
+    PostcopyRegions { block_index: u32, why: &'static str },
     /// A POSTCOPY block whose bitmap does not hold its declared `stale_pages`
     /// (`counted` set bits among its pages), or has bits set past its last page.
     PostcopyBitmap { block_index: u32, declared: u64, counted: u64 },
@@ -92,9 +95,8 @@ impl fmt::Display for DecodeError {
             BlockNameNotUtf8 { valid_up_to } => {
                 write!(f, "RAM block name is not valid UTF-8 (invalid byte at offset {valid_up_to} of the name)")
             }
-            PostcopyReserved { block_index, value } => {
-                write!(f, "POSTCOPY block {block_index} has reserved bytes {value:#x}, not zero")
-            }
+            ReservedNotZero { value } => write!(f, "an entry's reserved bytes are {value:#x}, not zero"),
+            PostcopyRegions { block_index, why } => write!(f, "POSTCOPY block {block_index}: {why}"),
             PostcopyBitmap { block_index, declared, counted } => write!(
                 f,
                 "POSTCOPY block {block_index} declares {declared} stale pages, its bitmap holds {counted} \

@@ -181,8 +181,8 @@ pub enum CommandType {
     Auth = 0x8000_0003,
     /// rdmamig extension: the source's post-copy switch-over, a request
     /// answered by POSTCOPY_DONE. `repeat` [`PostcopyBlock`](super::PostcopyBlock)
-    /// entries: where the destination reads each block and its stale-page
-    /// bitmap. (0x8000_0004, rdmamig 0.8's POSTCOPY, carried the bitmaps in
+    /// entries: where the destination reads each block's table (its
+    /// stale-page bitmap and where its stale pages can be read). (0x8000_0004, rdmamig 0.8's POSTCOPY, carried the bitmaps in
     /// the message, which limited post-copy to about 16 GiB of RAM; it is
     /// refused as unknown.)
     Postcopy = 0x8000_0008,

@@ -4,8 +4,8 @@ use std::marker::PhantomData;
 
 use super::entry::need;
 use super::entry::{
-    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, QpEndpoint,
-    RegisterRequest, RegisterResult,
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
+    QpEndpoint, RegisterRequest, RegisterResult,
 };
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
@@ -120,7 +120,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// | REGISTER_RESULT | `repeat ≥ 1`, `len == repeat × 16` |
 /// | END (extension) | `repeat == 1`, `len == 16` (one [`EndSummary`]) |
 /// | AUTH (extension) | `repeat == 1`, `len == 32` (one [`AuthProof`]) |
-/// | POSTCOPY (extension) | `len == 0` (no stale page), or `len == repeat × 48` ([`PostcopyBlock`]) |
+/// | POSTCOPY (extension) | `len == 0` (no stale page), or `len == repeat × 40` ([`PostcopyBlock`]) |
 /// | POSTCOPY_DONE (extension) | `repeat == 1`, `len == 24` (one [`PostcopySummary`]) |
 /// | POSTCOPY_FAULT_QP and its RESULT (extension) | `repeat == 1`, `len == 8` (one [`QpEndpoint`]) |
 ///
@@ -181,20 +181,26 @@ pub const fn postcopy_bitmap_words(length: u64) -> u64 {
     length.div_ceil(POSTCOPY_PAGE_SIZE).div_ceil(64)
 }
 
-/// The stale bitmap of `block`, read from the source: `bytes` holds its
-/// [`postcopy_bitmap_words`] big-endian words (bit `i` of word `i / 64`:
-/// page `i` of the block must be read from the source). Checks that exactly
-/// `stale_pages` bits are set, none past the block's last page.
-pub fn postcopy_bitmap(block: &PostcopyBlock, bytes: &[u8]) -> Result<Vec<u64>, DecodeError> {
-    let words = postcopy_bitmap_words(block.length);
-    need("POSTCOPY stale bitmap", (words * 8) as usize, bytes)?;
-    let words: Vec<u64> = bytes[..(words * 8) as usize]
-        .chunks_exact(8)
-        .map(|w| u64::from_be_bytes(w.try_into().expect("8 bytes")))
-        .collect();
+/// Bytes of the table of `block` (see [`postcopy_table`]).
+pub fn postcopy_table_len(block: &PostcopyBlock) -> u64 {
+    postcopy_bitmap_words(block.length) * 8 + block.regions as u64 * PostcopyRegion::SIZE as u64
+}
+
+/// The table of `block`, read from the source: its stale bitmap
+/// ([`postcopy_bitmap_words`] big-endian words; bit `i` of word `i / 64`:
+/// page `i` of the block must be read from the source), then its `regions`
+/// [`PostcopyRegion`] entries. Checks that exactly `stale_pages` bits are
+/// set, none past the block's last page, and that the regions are
+/// page-aligned, non-empty, sorted, disjoint parts of the block, each
+/// readable without wrapping, that together cover every stale page.
+pub fn postcopy_table(block: &PostcopyBlock, bytes: &[u8]) -> Result<(Vec<u64>, Vec<PostcopyRegion>), DecodeError> {
+    let words = postcopy_bitmap_words(block.length) as usize;
+    need("POSTCOPY table", postcopy_table_len(block) as usize, bytes)?;
+    let (map, table) = bytes.split_at(words * 8);
+    let stale: Vec<u64> = map.chunks_exact(8).map(|w| u64::from_be_bytes(w.try_into().expect("8 bytes"))).collect();
     let pages = block.length.div_ceil(POSTCOPY_PAGE_SIZE);
-    let counted: u64 = words.iter().map(|w| w.count_ones() as u64).sum();
-    let past_end = pages % 64 != 0 && words.last().is_some_and(|w| w >> (pages % 64) != 0);
+    let counted: u64 = stale.iter().map(|w| w.count_ones() as u64).sum();
+    let past_end = pages % 64 != 0 && stale.last().is_some_and(|w| w >> (pages % 64) != 0);
     if counted != block.stale_pages || past_end {
         return Err(DecodeError::PostcopyBitmap {
             block_index: block.block_index,
@@ -202,7 +208,53 @@ pub fn postcopy_bitmap(block: &PostcopyBlock, bytes: &[u8]) -> Result<Vec<u64>, 
             counted,
         });
     }
-    Ok(words)
+    let bad = |why| DecodeError::PostcopyRegions { block_index: block.block_index, why };
+    let regions = table[..block.regions as usize * PostcopyRegion::SIZE]
+        .chunks_exact(PostcopyRegion::SIZE)
+        .map(PostcopyRegion::decode)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut end = 0;
+    for r in &regions {
+        if r.length == 0 || (r.offset | r.length) % POSTCOPY_PAGE_SIZE != 0 {
+            return Err(bad("a region is empty or not page-aligned"));
+        }
+        if r.offset < end {
+            return Err(bad("the regions are not sorted and disjoint"));
+        }
+        end = match r.offset.checked_add(r.length) {
+            Some(e) if e <= block.length => e,
+            _ => return Err(bad("a region ends past the block")),
+        };
+        if r.remote_addr.checked_add(r.length).is_none() {
+            return Err(bad("a region wraps the source's address space"));
+        }
+    }
+    // Every stale page lies in a region: none in the gaps between them (nor
+    // before the first, nor after the last).
+    let page = |bytes: u64| bytes / POSTCOPY_PAGE_SIZE;
+    let mut from = 0;
+    for (start, next) in regions.iter().map(|r| (page(r.offset), page(r.offset + r.length))).chain([(pages, pages)]) {
+        if any_set(&stale, from, start) {
+            return Err(bad("a stale page lies outside every region"));
+        }
+        from = next;
+    }
+    Ok((stale, regions))
+}
+
+/// Whether any of bits `from..to` of `words` is set, a word at a time.
+fn any_set(words: &[u64], from: u64, to: u64) -> bool {
+    let mut i = from;
+    while i < to {
+        let (word, bit) = ((i / 64) as usize, i % 64);
+        let n = (64 - bit).min(to - i);
+        let mask = if n == 64 { !0 } else { ((1u64 << n) - 1) << bit };
+        if words[word] & mask != 0 {
+            return true;
+        }
+        i += n;
+    }
+    false
 }
 
 /// Builds one control message (header + payload) in a send buffer.

@@ -20,7 +20,8 @@
 //! the nonces and proofs of peer authentication ([`ConnectData`],
 //! [`AcceptData`], AUTH = 0x80000003 with one [`AuthProof`]); post-copy:
 //! POSTCOPY = 0x80000008 ([`PostcopyBlock`] entries; the destination reads
-//! each stale bitmap from the source, [`postcopy_bitmap`]) answered by
+//! each block's table, its stale bitmap and [`PostcopyRegion`]s, from the
+//! source, [`postcopy_table`]) answered by
 //! POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]),
 //! after POSTCOPY_FAULT_QP = 0x80000006 and its result 0x80000007 (one
 //! [`QpEndpoint`] each) set up the queue pair for fault reads.
@@ -34,15 +35,16 @@ mod message;
 mod tests;
 
 pub use entry::{
-    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopySummary, QpEndpoint,
-    RegisterRequest, RegisterResult,
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
+    QpEndpoint, RegisterRequest, RegisterResult,
 };
 pub use error::{DecodeError, EncodeError};
 pub use header::{
     decode_header, encode_header, AcceptData, AuthChallenge, Capabilities, CommandType, ConnectData, ControlHeader,
 };
 pub use message::{
-    decode_message, postcopy_bitmap, postcopy_bitmap_words, Entries, Message, MessageWriter, POSTCOPY_PAGE_SIZE,
+    decode_message, postcopy_bitmap_words, postcopy_table, postcopy_table_len, Entries, Message, MessageWriter,
+    POSTCOPY_PAGE_SIZE,
 };
 
 /// Size of the control header.
@@ -53,6 +55,10 @@ pub const CONTROL_BUFFER_SIZE: usize = 524288;
 pub const MAX_PAYLOAD: usize = CONTROL_BUFFER_SIZE - CONTROL_HEADER_LEN;
 /// Largest `repeat` (commands per message).
 pub const MAX_REPEAT: u32 = 4096;
+/// Most [`PostcopyRegion`]s of one POSTCOPY, all blocks together (what a
+/// destination allocates for the tables is bounded by its own RAM's bitmaps
+/// and this).
+pub const POSTCOPY_MAX_REGIONS: u32 = 4096;
 /// log2 of the registration chunk size.
 pub const CHUNK_SHIFT: u32 = 20;
 /// Registration chunk size (1 MiB).

@@ -87,61 +87,92 @@ fn postcopy_messages() {
     // 130 pages: 3 words; 1 MiB: 256 pages, 4 words.
     let a = PostcopyBlock {
         block_index: 1,
-        rkey: 0x1234,
-        remote_addr: 0x7f00_0000_0000,
+        regions: 2,
         length: 130 * 4096,
         stale_pages: 3,
-        bitmap_addr: 0x5500_0000_1000,
-        bitmap_rkey: 0x99,
+        table_addr: 0x5500_0000_1000,
+        table_rkey: 0x99,
     };
-    let b = PostcopyBlock { block_index: 0, length: 1 << 20, stale_pages: 1, ..a };
+    let b = PostcopyBlock { block_index: 0, regions: 1, length: 1 << 20, stale_pages: 1, ..a };
     assert_eq!((postcopy_bitmap_words(a.length), postcopy_bitmap_words(b.length)), (3, 4));
     assert_eq!(postcopy_bitmap_words(4097), 1);
+    assert_eq!((postcopy_table_len(&a), postcopy_table_len(&b)), (3 * 8 + 2 * 32, 4 * 8 + 32));
     let mut buf = vec![0u8; 256];
     let mut w = MessageWriter::new(&mut buf, CommandType::Postcopy);
     w.push(&a).unwrap();
     w.push(&b).unwrap();
     let n = w.finish();
-    assert_eq!(n, 16 + 2 * 48);
+    assert_eq!(n, 16 + 2 * 40);
     assert_eq!(&buf[4..12], &[0x80, 0, 0, 8, 0, 0, 0, 2]);
     let m = decode_message(&buf[..n]).unwrap();
     assert_eq!(m.entries::<PostcopyBlock>().collect::<Result<Vec<_>, _>>().unwrap(), vec![a, b]);
     assert_eq!(
         decode_message(&buf[..n - 8]).map(|m| m.kind),
-        Err(DecodeError::LengthMismatch { len: 96, received: 96 + 8 })
+        Err(DecodeError::LengthMismatch { len: 80, received: 80 + 8 })
     );
     let mut reserved = buf[..n].to_vec();
-    reserved[16 + 47] = 1;
+    reserved[16 + 39] = 1;
     let m = decode_message(&reserved).unwrap();
-    assert_eq!(
-        m.entries::<PostcopyBlock>().next(),
-        Some(Err(DecodeError::PostcopyReserved { block_index: 1, value: 1 }))
-    );
+    assert_eq!(m.entries::<PostcopyBlock>().next(), Some(Err(DecodeError::ReservedNotZero { value: 1 })));
     // Nothing stale: no entry, as the writer makes it (repeat 1).
     assert_eq!(decode_message(&msg(CommandType::Postcopy, 1, &[])).unwrap().payload, &[] as &[u8]);
     assert_eq!(
-        decode_message(&msg(CommandType::Postcopy, 0, &[0; 48])),
-        Err(DecodeError::ZeroRepeat { kind: CommandType::Postcopy, len: 48 })
+        decode_message(&msg(CommandType::Postcopy, 0, &[0; 40])),
+        Err(DecodeError::ZeroRepeat { kind: CommandType::Postcopy, len: 40 })
     );
     assert!(matches!(
-        decode_message(&msg(CommandType::Postcopy, 2, &[0; 48])),
+        decode_message(&msg(CommandType::Postcopy, 2, &[0; 40])),
         Err(DecodeError::PayloadSizeMismatch { .. })
     ));
 
-    // The bitmaps, as read from the source: big-endian words.
-    let bytes = |words: &[u64]| words.iter().flat_map(|w| w.to_be_bytes()).collect::<Vec<u8>>();
-    assert_eq!(postcopy_bitmap(&a, &bytes(&[1, 0, 0b11])), Ok(vec![1, 0, 0b11]));
-    assert_eq!(postcopy_bitmap(&b, &bytes(&[0, 0, 0, 1 << 63])), Ok(vec![0, 0, 0, 1 << 63]));
+    // The tables, as read from the source: big-endian bitmap words, then regions.
+    let region = |offset: u64, pages: u64| PostcopyRegion {
+        offset: offset * 4096,
+        length: pages * 4096,
+        remote_addr: 0x7f00_0000_0000 + offset * 4096,
+        rkey: 7,
+    };
+    let table = |words: &[u64], regions: &[PostcopyRegion]| {
+        let mut v: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+        for r in regions {
+            let mut e = [0u8; PostcopyRegion::SIZE];
+            r.encode(&mut e);
+            v.extend_from_slice(&e);
+        }
+        v
+    };
+    // Pages 0, 64, 65 of `a`, in regions [0, 1) and [64, 130).
+    let regions = [region(0, 1), region(64, 66)];
+    let good = table(&[1, 0b11, 0], &regions);
+    assert_eq!(postcopy_table(&a, &good), Ok((vec![1, 0b11, 0], regions.to_vec())));
+    assert_eq!(postcopy_table(&b, &table(&[0, 0, 0, 1 << 63], &[region(255, 1)])).unwrap().0, vec![0, 0, 0, 1 << 63]);
     // Each rule, broken once.
-    assert!(matches!(postcopy_bitmap(&a, &bytes(&[1, 0])), Err(DecodeError::TooShort { .. })), "a word short");
+    assert!(matches!(postcopy_table(&a, &good[..good.len() - 1]), Err(DecodeError::TooShort { .. })), "short");
     let miscounted = PostcopyBlock { stale_pages: 4, ..a };
     assert_eq!(
-        postcopy_bitmap(&miscounted, &bytes(&[1, 0, 0b11])),
+        postcopy_table(&miscounted, &good),
         Err(DecodeError::PostcopyBitmap { block_index: 1, declared: 4, counted: 3 })
     );
     // Page 130 is past the block's 130 pages.
     let past = PostcopyBlock { stale_pages: 1, ..a };
-    assert!(matches!(postcopy_bitmap(&past, &bytes(&[0, 0, 0b100])), Err(DecodeError::PostcopyBitmap { .. })));
+    assert!(matches!(postcopy_table(&past, &table(&[0, 0, 0b100], &regions)), Err(DecodeError::PostcopyBitmap { .. })));
+    let regions_fail = |regions: &[PostcopyRegion]| match postcopy_table(&a, &table(&[1, 0b11, 0], regions)) {
+        Err(DecodeError::PostcopyRegions { block_index: 1, why }) => why,
+        other => panic!("{regions:?}: {other:?}"),
+    };
+    assert_eq!(regions_fail(&[region(0, 1), region(65, 65)]), "a stale page lies outside every region");
+    assert_eq!(regions_fail(&[region(1, 1), region(64, 66)]), "a stale page lies outside every region");
+    assert_eq!(regions_fail(&[region(0, 1), region(64, 67)]), "a region ends past the block");
+    assert_eq!(regions_fail(&[region(64, 66), region(0, 1)]), "the regions are not sorted and disjoint");
+    assert_eq!(regions_fail(&[region(0, 65), region(64, 66)]), "the regions are not sorted and disjoint");
+    assert_eq!(regions_fail(&[region(0, 0), region(64, 66)]), "a region is empty or not page-aligned");
+    let unaligned = PostcopyRegion { length: 4095, ..region(0, 1) };
+    assert_eq!(regions_fail(&[unaligned, region(64, 66)]), "a region is empty or not page-aligned");
+    let wraps = PostcopyRegion { remote_addr: u64::MAX - 4095, ..region(0, 1) };
+    assert_eq!(regions_fail(&[wraps, region(64, 66)]), "a region wraps the source's address space");
+    let mut bad_reserved = good.clone();
+    bad_reserved[24 + 31] = 5;
+    assert_eq!(postcopy_table(&a, &bad_reserved), Err(DecodeError::ReservedNotZero { value: 5 }));
 
     // POSTCOPY_DONE: exactly one summary.
     let summary = PostcopySummary { pages: 5, faults: 2, bytes: 3 << 12 };

@@ -86,7 +86,8 @@ use rdmamig::verbs::{
 };
 use rdmamig::wire::{
     self, AuthProof, BlockSpec, Capabilities, CommandType, Compress, DestBlock, EndSummary, Entry, MessageWriter,
-    PostcopyBlock, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
+    PostcopyBlock, PostcopyRegion, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE,
+    MAX_PAYLOAD,
 };
 use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, RamBlocks};
 
@@ -1003,10 +1004,11 @@ fn unknown_command_types_are_refused() {
 }
 
 /// POSTCOPY (rdmamig extension): refused from a source without the
-/// extensions, and one whose block does not match this side's.
+/// extensions, one whose block does not match this side's, and one with
+/// more regions than allowed.
 #[test]
-fn postcopy_without_extensions_or_with_a_wrong_block_is_refused() {
-    let block = PostcopyBlock { block_index: 0, rkey: 1, remote_addr: 0x1000, ..PostcopyBlock::default() };
+fn postcopy_without_extensions_a_wrong_block_or_too_many_regions_is_refused() {
+    let block = PostcopyBlock { block_index: 0, table_rkey: 1, table_addr: 0x1000, ..PostcopyBlock::default() };
     let mut s = after_blocks(0);
     s.rejects(&message(CommandType::Postcopy, &[block]), &["unexpected Postcopy"]);
     // Inside the window the RAM-block exchange opened, it is not expected either.
@@ -1015,40 +1017,51 @@ fn postcopy_without_extensions_or_with_a_wrong_block_is_refused() {
     let mut s = after_blocks(CAP_RDMAMIG_EXT);
     s.peer.finish_window();
     s.rejects(&message(CommandType::Postcopy, &[block]), &["malformed POSTCOPY", "bytes here, 0 on the source"]);
+    // More regions than any source makes: refused before this side allocates for their tables.
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.peer.finish_window();
+    let many =
+        PostcopyBlock { block_index: PC as u32, regions: 4097, length: BLOCKS[PC].length, stale_pages: 1, ..block };
+    s.rejects(&message(CommandType::Postcopy, &[many]), &["malformed POSTCOPY", "at most 4096"]);
 }
 
-/// POSTCOPY whose stale bitmap, read from the peer, holds another count
-/// than its entry declares, or cannot be read (a wrong read key): refused
-/// before any guest page is dropped (`rejects` checks the RAM).
+/// POSTCOPY whose table, read from the peer, does not hold up (a bitmap
+/// with another count than its entry declares, a stale page outside every
+/// region) or cannot be read (a wrong read key): refused before any guest
+/// page is dropped (`rejects` checks the RAM).
 #[test]
-fn postcopy_bitmap_that_miscounts_or_cannot_be_read_is_refused() {
+fn postcopy_table_that_does_not_hold_up_or_cannot_be_read_is_refused() {
     let length = BLOCKS[PC].length;
-    // Three stale pages, as big-endian words.
-    let mut bitmap = vec![0u8; ((length / 4096).div_ceil(64) * 8) as usize];
-    bitmap[..8].copy_from_slice(&0b1011u64.to_be_bytes());
-    for (declared, key_off, words) in [
-        (4, 0, &["malformed POSTCOPY", "declares 4 stale pages, its bitmap holds 3"][..]),
-        (3, 1, &["RDMA READ (post-copy)", "failed"][..]),
-    ] {
+    let words = (length / 4096).div_ceil(64) as usize;
+    let cases: [(u64, u64, u32, &[&str]); 3] = [
+        (4, 0, 0, &["malformed POSTCOPY", "declares 4 stale pages, its bitmap holds 3"]),
+        (3, 4096, 0, &["malformed POSTCOPY", "a stale page lies outside every region"]),
+        (3, 0, 1, &["RDMA READ (post-copy)", "failed"]),
+    ];
+    for (declared, region_start, key_off, words_expected) in cases {
         let mut s = after_blocks(CAP_RDMAMIG_EXT);
         s.peer.finish_window();
-        // SAFETY: `bitmap` outlives `mr` (dropped at the end of the iteration, after the destination's end).
-        let mr = unsafe { s.peer.pd.register(bitmap.as_mut_ptr(), bitmap.len(), Access::REMOTE_READ) }.unwrap();
+        // Pages 0, 1 and 3 stale (big-endian words), then one region.
+        let mut table = vec![0u8; words * 8 + PostcopyRegion::SIZE];
+        table[..8].copy_from_slice(&0b1011u64.to_be_bytes());
+        // SAFETY: `table` outlives `mr` (dropped at the end of the iteration, after the destination's end).
+        let mr = unsafe { s.peer.pd.register(table.as_mut_ptr(), table.len(), Access::REMOTE_READ) }.unwrap();
+        let region = PostcopyRegion { offset: region_start, length: MIB, remote_addr: mr.addr(), rkey: mr.rkey() };
+        region.encode(&mut table[words * 8..]);
         let block = PostcopyBlock {
             block_index: PC as u32,
-            rkey: mr.rkey(),
-            remote_addr: mr.addr(),
+            regions: 1,
             length,
             stale_pages: declared,
-            bitmap_addr: mr.addr(),
-            bitmap_rkey: mr.rkey() ^ key_off,
+            table_addr: mr.addr(),
+            table_rkey: mr.rkey() ^ key_off,
         };
         if key_off == 0 {
-            s.rejects(&message(CommandType::Postcopy, &[block]), words);
+            s.rejects(&message(CommandType::Postcopy, &[block]), words_expected);
         } else {
             s.peer.take_ready();
             s.peer.send_raw(1, &message(CommandType::Postcopy, &[block]));
-            s.dropped(&[ErrorKind::Verbs], words);
+            s.dropped(&[ErrorKind::Verbs], words_expected);
         }
         drop(s);
         drop(mr);

@@ -77,15 +77,16 @@ fn page_is(ram: &GuestRam, page: u64, seed: Option<u64>) -> bool {
 }
 
 /// This process's resident memory, in KiB (/proc/self/status).
+/// This process's resident memory, KiB.
 #[derive(Clone, Copy, Debug)]
-struct Rss {
-    total: u64,
+pub struct Rss {
+    pub total: u64,
     anon: u64,
     file: u64,
 }
 
 impl Rss {
-    fn now() -> Rss {
+    pub fn now() -> Rss {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let field = |name: &str| -> u64 {
             let line = status.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in status"));

@@ -40,26 +40,6 @@ impl GuestRam {
         ram
     }
 
-    /// `views` views of one shared memory file of `len` bytes, one after
-    /// the other: `views × len` bytes of address space, page `p` the same
-    /// memory as page `p + len / 4096`. More RAM than the guest has that can
-    /// still be registered whole (a registration backs every page it
-    /// covers).
-    pub fn repeated(len: u64, views: u64) -> GuestRam {
-        let whole = GuestRam::map(len * views, 0, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1);
-        let fd = unsafe { libc::memfd_create(c"guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        assert_eq!(unsafe { libc::ftruncate(fd, len as libc::off_t) }, 0);
-        for v in 0..views {
-            let at = unsafe { whole.ptr.add((v * len) as usize) };
-            let flags = libc::MAP_SHARED | libc::MAP_FIXED;
-            let ptr = unsafe { libc::mmap(at.cast(), len as usize, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
-            assert_eq!(ptr, at.cast(), "mmap of view {v}: {}", std::io::Error::last_os_error());
-        }
-        unsafe { libc::close(fd) };
-        whole
-    }
-
     /// Shared memory (a memfd, as vhost-user setups back guest RAM).
     pub fn shared(len: u64, fill: u8) -> GuestRam {
         let fd = unsafe { libc::memfd_create(c"guest-ram".as_ptr(), libc::MFD_CLOEXEC) };

@@ -28,7 +28,8 @@ use crate::engine::ram::RamBlocks;
 use crate::engine::validate;
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
-    postcopy_bitmap, postcopy_bitmap_words, Message, PostcopyBlock, PostcopySummary, POSTCOPY_PAGE_SIZE,
+    postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, PostcopySummary, POSTCOPY_MAX_REGIONS,
+    POSTCOPY_PAGE_SIZE,
 };
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
@@ -41,8 +42,8 @@ const PULL_PAGES: u64 = 16;
 const PULL_DEPTH: usize = 4;
 /// Pull slots: the reads in flight, and completed ones being installed.
 const PULL_SLOTS: usize = PULL_DEPTH + 2;
-/// The largest read of a stale bitmap (256 KiB: 8 GiB of guest RAM).
-const BITMAP_READ: u64 = 256 << 10;
+/// The largest read of a block's table (256 KiB: the bitmap of 8 GiB of guest RAM).
+const TABLE_READ: u64 = 256 << 10;
 /// Fault reads in flight at most (more faults queue).
 const FAULT_SLOTS: usize = 16;
 /// After a fault, background reads are held back this long (at most one in
@@ -66,13 +67,24 @@ const FAULT_TAG: u64 = 1 << 16;
 pub struct PlanBlock {
     host: usize,
     length: u64,
-    /// The source's entry: where to read the block and its stale bitmap.
+    /// The source's entry: where to read the block's table.
     source: PostcopyBlock,
-    /// Stale pages not installed yet (bit per page), once read (`read_bitmaps`).
+    /// Stale pages not installed yet (bit per page), once read (`read_tables`).
     stale: Vec<u64>,
+    /// Where the stale pages can be read, once read (`read_tables`).
+    regions: Vec<PostcopyRegion>,
 }
 
 impl PlanBlock {
+    /// Where stale page `page` is read on the source (in a region, as
+    /// `read_tables` checked): address, key, and the pages from it to its
+    /// region's end.
+    fn remote(&self, page: u64) -> (u64, u32, u64) {
+        let at = page * PAGE;
+        let r = &self.regions[self.regions.partition_point(|r| r.offset + r.length <= at)];
+        (r.remote_addr + (at - r.offset), r.rkey, (r.offset + r.length - at) / PAGE)
+    }
+
     /// Where the block lies in this process: host address and length (for the fuzz target).
     #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
     pub fn span(&self) -> (usize, u64) {
@@ -89,6 +101,7 @@ fn protocol(why: String) -> Error {
 pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<PlanBlock>> {
     let mut seen = HashSet::new();
     let mut plan = Vec::new();
+    let mut regions_total = 0u64;
     for b in m.entries::<PostcopyBlock>() {
         let b = b.map_err(|e| protocol(e.to_string()))?;
         let (local, block) = validate::local_block(order, ram, b.block_index)?;
@@ -107,14 +120,16 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
                 format!("post-copy needs page-aligned blocks: '{}' is not", block.name),
             ));
         }
-        let bitmap_len = postcopy_bitmap_words(b.length) * 8;
-        for (what, at, len) in [("block", b.remote_addr, b.length), ("bitmap", b.bitmap_addr, bitmap_len)] {
-            if at.checked_add(len).is_none() {
-                return Err(protocol(format!(
-                    "the {what} of block {} at {at:#x} wraps the address space",
-                    b.block_index
-                )));
-            }
+        // Bounds what this side allocates for the tables.
+        regions_total += b.regions as u64;
+        if regions_total > POSTCOPY_MAX_REGIONS as u64 || (b.stale_pages > 0) != (b.regions > 0) {
+            return Err(protocol(format!(
+                "block {} has {} regions for {} stale pages ({regions_total} so far, at most {POSTCOPY_MAX_REGIONS})",
+                b.block_index, b.regions, b.stale_pages
+            )));
+        }
+        if b.table_addr.checked_add(postcopy_table_len(&b)).is_none() {
+            return Err(protocol(format!("the table of block {} wraps the address space", b.block_index)));
         }
         if b.stale_pages > b.length / PAGE {
             return Err(protocol(format!(
@@ -125,7 +140,8 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
             )));
         }
         if b.stale_pages > 0 {
-            plan.push(PlanBlock { host: block.host, length: block.length, source: b, stale: Vec::new() });
+            let (stale, regions) = (Vec::new(), Vec::new());
+            plan.push(PlanBlock { host: block.host, length: block.length, source: b, stale, regions });
         }
     }
     Ok(plan)
@@ -225,22 +241,22 @@ struct Puller<'a> {
     announced: Vec<Vec<u64>>,
 }
 
-/// Reads each block's stale bitmap from the source (one read at a time, of
-/// at most `BITMAP_READ` bytes: there are few) into one buffer, then checks it.
-fn read_bitmaps(link: &mut Link, blocks: &mut [PlanBlock]) -> Result<()> {
-    let len = |b: &PlanBlock| postcopy_bitmap_words(b.length) * 8;
+/// Reads each block's table from the source (one read at a time, of at most
+/// `TABLE_READ` bytes: there are few) into one buffer, then checks it.
+fn read_tables(link: &mut Link, blocks: &mut [PlanBlock]) -> Result<()> {
+    let len = |b: &PlanBlock| postcopy_table_len(&b.source);
     let mut buf = PageBuffer::new(blocks.iter().map(len).sum::<u64>() as usize);
     {
         // SAFETY: `buf` outlives the registration (dropped at the end of this scope).
         let mr = unsafe { link.pd.register(buf.ptr(), buf.len(), Access::LOCAL_WRITE)? };
         let mut at = 0;
         for b in blocks.iter() {
-            for from in (0..len(b)).step_by(BITMAP_READ as usize) {
-                let n = (len(b) - from).min(BITMAP_READ);
+            for from in (0..len(b)).step_by(TABLE_READ as usize) {
+                let n = (len(b) - from).min(TABLE_READ);
                 let sge = mr.sge((at + from) as usize, n as u32).expect("inside the buffer");
                 // SAFETY: nothing else uses `buf` until the read completes;
                 // `plan` checked that the source's range does not wrap.
-                unsafe { link.read(sge, b.source.bitmap_addr + from, b.source.bitmap_rkey)? };
+                unsafe { link.read(sge, b.source.table_addr + from, b.source.table_rkey)? };
             }
             at += len(b);
         }
@@ -248,7 +264,7 @@ fn read_bitmaps(link: &mut Link, blocks: &mut [PlanBlock]) -> Result<()> {
     let mut at = 0;
     for b in blocks.iter_mut() {
         let bytes = &buf.bytes_mut()[at as usize..(at + len(b)) as usize];
-        b.stale = postcopy_bitmap(&b.source, bytes).map_err(|e| protocol(e.to_string()))?;
+        (b.stale, b.regions) = postcopy_table(&b.source, bytes).map_err(|e| protocol(e.to_string()))?;
         at += len(b);
     }
     Ok(())
@@ -354,7 +370,7 @@ pub(crate) fn run(
     if host_page as u64 != PAGE {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
     }
-    read_bitmaps(link, &mut blocks)?;
+    read_tables(link, &mut blocks)?;
     let spans = blocks.iter().map(|b| (b.host, b.length)).collect();
     let uffd = blocked.insert(Blocked { uffd: Some(Userfault::new()?), spans }).uffd.as_ref().expect("just opened");
     let total: u64 = blocks.iter().map(|b| b.source.stale_pages).sum();
@@ -512,11 +528,10 @@ impl Puller<'_> {
             let Some((block, page)) = self.queued.pop_front() else { return Ok(()) };
             let b = &self.blocks[block];
             let sge = self.staging.sge(self.staging.fault_slot(j), PAGE);
+            let (remote, rkey, _) = b.remote(page);
             // SAFETY: the slot is free (nothing reads or writes it until the
-            // completion); the page lies in the source's block MR.
-            unsafe {
-                link.post_read(FAULT_TAG + j as u64, sge, b.source.remote_addr + page * PAGE, b.source.rkey, true)?
-            };
+            // completion); the page lies in a region the source registered.
+            unsafe { link.post_read(FAULT_TAG + j as u64, sge, remote, rkey, true)? };
             self.faults[j] = Some((block, page));
         }
         Ok(())
@@ -548,8 +563,9 @@ impl Puller<'_> {
             let Some(pull) = self.next_pull() else { break };
             let b = &self.blocks[pull.block];
             let sge = self.staging.sge(self.staging.pull_slot(i), pull.pages * PAGE);
-            // SAFETY: as in `post_faults`.
-            unsafe { link.post_read(i as u64, sge, b.source.remote_addr + pull.first * PAGE, b.source.rkey, false)? };
+            let (remote, rkey, _) = b.remote(pull.first);
+            // SAFETY: as in `post_faults` (`pull_in` keeps a read inside one region).
+            unsafe { link.post_read(i as u64, sge, remote, rkey, false)? };
             self.pulls[i] = Some(pull);
             self.last_pull = Some(Instant::now());
             if held {
@@ -598,7 +614,7 @@ impl Puller<'_> {
                 None => break page,
             }
         };
-        let limit = (first + PULL_PAGES).min(end);
+        let limit = (first + PULL_PAGES).min(end).min(first + self.blocks[block].remote(first).2);
         let mut last = first;
         while let Some(page) = next_set(stale, last + 1, limit) {
             if page - last - 1 > MERGE_GAP || self.in_flight(block, page).is_some() {

@@ -3,19 +3,21 @@
 //! After its last pre-copy window, with the guest stopped, the source calls
 //! [`Source::postcopy`](crate::engine::Source::postcopy) with the pages the
 //! destination does not have right (dirtied since sent, or never sent). Its
-//! transfer thread registers those blocks whole for remote read (within its
-//! pin budget, or it refuses), sets up a second queue pair for the
-//! destination's fault reads (`link::fault_qp`), registers a copy of the
-//! stale bitmaps for remote read too, sends one POSTCOPY request (where each
-//! block and its bitmap are, `wire::PostcopyBlock`) and keeps the memory
-//! registered, which the caller must keep mapped and unchanged, until the
-//! destination's POSTCOPY_DONE (or the connection's end). The bitmaps are
-//! read rather than sent: one message holds the bitmap of about 16 GiB of
-//! guest RAM, and post-copy is for large guests.
+//! transfer thread registers the 2 MiB windows of the blocks that hold stale
+//! pages for remote read (regions, `source::regions`: registering memory
+//! backs every page of it, and a guest's never-touched memory should stay
+//! so; within its pin budget, or it refuses), sets up a second queue pair
+//! for the destination's fault reads (`link::fault_qp`), registers each
+//! block's table (its stale bitmap and regions) for remote read too, sends
+//! one POSTCOPY request (where each block's table is, `wire::PostcopyBlock`)
+//! and keeps the memory registered, which the caller must keep mapped and
+//! unchanged, until the destination's POSTCOPY_DONE (or the connection's
+//! end). The tables are read rather than sent: one message holds the bitmap
+//! of about 16 GiB of guest RAM, and post-copy is for large guests.
 //!
 //! The destination's service thread takes the POSTCOPY message and becomes
-//! the post-copy thread (`destination`): it reads and checks the bitmaps
-//! (`wire::postcopy_bitmap`), then opens a userfaultfd
+//! the post-copy thread (`destination`): it reads and checks the tables
+//! (`wire::postcopy_table`), then opens a userfaultfd
 //! itself, registers the blocks with stale pages in MISSING mode and drops the
 //! stale pages (`MADV_REMOVE` from shared memory, `MADV_DONTNEED` from private
 //! anonymous memory), so the next touch of one faults. Then the

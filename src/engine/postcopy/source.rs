@@ -8,8 +8,12 @@ use crate::engine::logging;
 use crate::engine::page_buffer::PageBuffer;
 use crate::engine::pin::Pins;
 use crate::engine::ram::RamBlocks;
+use crate::engine::source::front::for_each_run;
 use crate::verbs::{Access, MemoryRegion};
-use crate::wire::{postcopy_bitmap_words, CommandType, PostcopyBlock, PostcopySummary, MAX_REPEAT, POSTCOPY_PAGE_SIZE};
+use crate::wire::{
+    postcopy_bitmap_words, postcopy_table_len, CommandType, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
+    MAX_REPEAT, POSTCOPY_MAX_REGIONS, POSTCOPY_PAGE_SIZE,
+};
 use crate::{Error, ErrorKind, Result};
 
 /// Checks the caller's bitmaps against the registry (on the caller's thread):
@@ -44,61 +48,72 @@ pub(crate) fn check(ram: &RamBlocks, stale: &[StalePages]) -> Result<()> {
     Ok(())
 }
 
-/// Registers each block with stale pages and their bitmaps for remote
-/// read, sends POSTCOPY and waits (while the destination stays alive) for
-/// POSTCOPY_DONE. The registrations are released when this returns: the
-/// destination has every page, or the connection is gone.
+/// Registers the parts of the blocks that hold stale pages, and their
+/// tables, for remote read, sends POSTCOPY and waits (while the destination
+/// stays alive) for POSTCOPY_DONE. The registrations are released when this
+/// returns: the destination has every page, or the connection is gone.
 pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StalePages]) -> Result<PostcopySummary> {
-    // (bitmap, block index, set bits) of each block with stale pages.
-    let stale: Vec<(&[u64], u32, u64)> = stale
-        .iter()
-        .filter_map(|s| {
-            let words = postcopy_bitmap_words(ram.get(s.block).map_or(0, |b| b.length));
-            let bitmap = &s.bitmap[..words as usize];
-            let n: u64 = bitmap.iter().map(|w| w.count_ones() as u64).sum();
-            (n > 0).then_some((bitmap, s.block, n))
-        })
-        .collect();
-    // What the destination reads first: the bitmaps, big-endian, one after the other.
-    let mut bitmaps = PageBuffer::new(stale.iter().map(|(b, ..)| b.len() * 8).sum());
-    for (word, out) in stale.iter().flat_map(|(b, ..)| b.iter()).zip(bitmaps.bytes_mut().chunks_exact_mut(8)) {
-        out.copy_from_slice(&word.to_be_bytes());
-    }
-    let mut mrs: Vec<MemoryRegion> = Vec::with_capacity(stale.len() + 1);
-    let result = (|| {
-        // SAFETY: `bitmaps` outlives its registration (settled below).
-        let bitmaps_mr = unsafe { expose(pins, "the stale bitmaps", bitmaps.ptr(), bitmaps.len() as u64)? };
-        let bitmaps_at = (bitmaps_mr.addr(), bitmaps_mr.rkey());
-        mrs.push(bitmaps_mr);
-        let mut entries = Vec::with_capacity(stale.len());
-        let mut offset = 0;
-        for &(bitmap, block_index, stale_pages) in &stale {
-            let block = ram.get(block_index)?;
-            // SAFETY: the registry's contract keeps the block mapped while the
-            // connection exists; the MR is released before `run` returns.
-            let mr = unsafe { expose(pins, &format!("block '{}'", block.name), block.host_ptr(0), block.length)? };
-            entries.push(PostcopyBlock {
-                block_index,
-                rkey: mr.rkey(),
-                remote_addr: mr.addr(),
-                length: block.length,
-                stale_pages,
-                bitmap_addr: bitmaps_at.0 + offset,
-                bitmap_rkey: bitmaps_at.1,
-            });
-            offset += bitmap.len() as u64 * 8;
-            mrs.push(mr);
+    let mut blocks: Vec<Table> = Vec::new();
+    for s in stale {
+        let length = ram.get(s.block)?.length;
+        let bitmap = &s.bitmap[..postcopy_bitmap_words(length) as usize];
+        let stale_pages: u64 = bitmap.iter().map(|w| w.count_ones() as u64).sum();
+        if stale_pages > 0 {
+            let entry = PostcopyBlock { block_index: s.block, length, stale_pages, ..PostcopyBlock::default() };
+            blocks.push(Table { entry, bitmap, regions: Vec::new() });
         }
-        let total: u64 = entries.iter().map(|e| e.stale_pages).sum();
+    }
+    regions(&mut blocks);
+    let mut mrs: Vec<MemoryRegion> = Vec::new();
+    let mut tables = None;
+    let result = (|| {
+        for t in &mut blocks {
+            let block = ram.get(t.entry.block_index)?;
+            for r in &mut t.regions {
+                // SAFETY: the registry's contract keeps the block mapped while
+                // the connection exists; the MR is released before `run` returns.
+                let mr = unsafe {
+                    expose(pins, &format!("part of block '{}'", block.name), block.host_ptr(r.offset), r.length)?
+                };
+                (r.remote_addr, r.rkey) = (mr.addr(), mr.rkey());
+                mrs.push(mr);
+            }
+        }
+        // What the destination reads first: each block's table.
+        let len = |t: &Table| postcopy_table_len(&PostcopyBlock { regions: t.regions.len() as u32, ..t.entry });
+        let buf = tables.insert(PageBuffer::new(blocks.iter().map(len).sum::<u64>() as usize));
+        let mut at = 0;
+        for t in &blocks {
+            let out = &mut buf.bytes_mut()[at..];
+            for (word, o) in t.bitmap.iter().zip(out.chunks_exact_mut(8)) {
+                o.copy_from_slice(&word.to_be_bytes());
+            }
+            let out = &mut out[t.bitmap.len() * 8..];
+            for (r, o) in t.regions.iter().zip(out.chunks_exact_mut(PostcopyRegion::SIZE)) {
+                r.encode(o);
+            }
+            at += len(t) as usize;
+        }
+        // SAFETY: `tables` outlives its registration (settled below).
+        let mr = unsafe { expose(pins, "the post-copy tables", buf.ptr(), buf.len() as u64)? };
+        let mut at = mr.addr();
+        for t in &mut blocks {
+            t.entry.regions = t.regions.len() as u32;
+            (t.entry.table_addr, t.entry.table_rkey) = (at, mr.rkey());
+            at += len(t);
+        }
+        mrs.push(mr);
+        let total: u64 = blocks.iter().map(|t| t.entry.stale_pages).sum();
         link.open_fault_qp()?;
         logging::info(format_args!(
-            "source: post-copy: {total} stale pages in {} blocks exposed for remote read",
-            entries.len()
+            "source: post-copy: {total} stale pages in {} blocks, {} regions exposed for remote read",
+            blocks.len(),
+            mrs.len() - 1
         ));
         let summary = link.request_by(
             None,
             CommandType::Postcopy,
-            |w| entries.iter().try_for_each(|e| w.push(e)),
+            |w| blocks.iter().try_for_each(|t| w.push(&t.entry)),
             CommandType::PostcopyDone,
             |m| {
                 let mut e = m.entries::<PostcopySummary>();
@@ -121,10 +136,58 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
     for mr in mrs {
         pins.release(mr);
     }
-    // The bitmaps' registration is gone before their memory is.
+    // The tables' registration is gone before their memory is.
     pins.settle();
-    drop(bitmaps);
+    drop(tables);
     result
+}
+
+/// A block with stale pages, as the destination will read it.
+struct Table<'a> {
+    entry: PostcopyBlock,
+    bitmap: &'a [u64],
+    regions: Vec<PostcopyRegion>,
+}
+
+/// Registered parts are whole `REGION_ALIGN` windows (2 MiB) around stale pages.
+const REGION_ALIGN: u64 = 2 << 20;
+
+/// The parts of each block to register: the `REGION_ALIGN` windows that
+/// hold stale pages, runs of them merged when less than a gap apart; the gap
+/// doubles from none until there are at most `POSTCOPY_MAX_REGIONS`. Whole blocks
+/// would do, but registering memory backs every page of it, and a guest's
+/// never-touched memory should stay so.
+fn regions(blocks: &mut [Table]) {
+    let align = REGION_ALIGN / POSTCOPY_PAGE_SIZE;
+    let mut gap = 0;
+    loop {
+        for t in blocks.iter_mut() {
+            let pages = t.entry.length.div_ceil(POSTCOPY_PAGE_SIZE);
+            t.regions.clear();
+            let _ = for_each_run(t.bitmap, pages, |first, n| {
+                let (start, end) = (first / align * align, ((first + n).div_ceil(align) * align).min(pages));
+                match t.regions.last_mut() {
+                    Some(r) if start <= (r.offset + r.length) / POSTCOPY_PAGE_SIZE + gap => {
+                        r.length = end * POSTCOPY_PAGE_SIZE - r.offset;
+                    }
+                    _ => t.regions.push(PostcopyRegion {
+                        offset: start * POSTCOPY_PAGE_SIZE,
+                        length: (end - start) * POSTCOPY_PAGE_SIZE,
+                        ..PostcopyRegion::default()
+                    }),
+                }
+                Ok::<(), ()>(())
+            });
+            // A block's last page may be partial: its region ends with the block.
+            if let Some(r) = t.regions.last_mut() {
+                r.length = r.length.min(t.entry.length - r.offset);
+            }
+        }
+        if blocks.iter().map(|t| t.regions.len()).sum::<usize>() <= POSTCOPY_MAX_REGIONS as usize {
+            return;
+        }
+        gap = (gap * 2).max(align);
+    }
 }
 
 /// Registers `len` bytes at `addr` (`what`) for remote read, within the pin budget.

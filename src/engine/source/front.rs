@@ -393,7 +393,7 @@ fn outside_window() -> Error {
 /// stopping at the first error. A word at a time: a run is found with two
 /// bit counts, a word of clear bits skipped with one test.
 #[inline(always)]
-pub(super) fn for_each_run<E>(
+pub(crate) fn for_each_run<E>(
     bitmap: &[u64],
     count: u64,
     mut f: impl FnMut(u64, u64) -> std::result::Result<(), E>,

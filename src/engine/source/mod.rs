@@ -289,10 +289,10 @@ impl Source {
     /// stopped, hands over the pages the destination does not have right
     /// (`stale`: dirtied since they were sent, or never sent) and returns
     /// once the destination has pulled every one of them with RDMA READs
-    /// (POSTCOPY_DONE), with what it reports. Until then the blocks with
-    /// stale pages are registered for remote read (whole blocks, within the
-    /// pin budget: refused with `PinBudget` if they do not fit) and their
-    /// memory must stay mapped and unchanged. Then `close` as usual. Runs on
+    /// (POSTCOPY_DONE), with what it reports. Until then the 2 MiB windows
+    /// of the blocks that hold stale pages are registered for remote read
+    /// (within the pin budget: refused with `PinBudget` if they do not fit)
+    /// and the memory must stay mapped and unchanged. Then `close` as usual. Runs on
     /// the caller's thread; the transfer thread does the work.
     pub fn postcopy(&mut self, stale: &[StalePages]) -> Result<PostcopySummary> {
         if !self.negotiated.extensions {
