@@ -1,6 +1,6 @@
-//! The source's post-copy, on its transfer thread: expose the stale blocks
-//! and their bitmaps for remote read, set up the fault QP, send POSTCOPY,
-//! wait for POSTCOPY_DONE.
+//! The source's post-copy, on its transfer thread: expose the parts of the
+//! blocks that hold stale pages and the blocks' tables for remote read, set
+//! up the fault QP, send POSTCOPY, wait for POSTCOPY_DONE.
 
 use super::StalePages;
 use crate::engine::link::Link;
