@@ -1883,7 +1883,8 @@ rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
  * Returns `RDMAMIG_ERR_NULL_PARAMETER` (`blocks` NULL with `n_blocks > 0`, a
  * NULL `bitmap` with `bitmap_words > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT`
  * (an unknown block, a block listed twice, a bitmap too short or with bits
- * past the block's end, a non-zero `reserved`); `RDMAMIG_ERR_STATE` (a
+ * past the block's end, a non-zero `reserved`, a block whose length is not
+ * a multiple of 4 KiB, more than 4096 blocks); `RDMAMIG_ERR_STATE` (a
  * destination, a QEMU destination (no extensions), inside an iteration
  * window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
  * connection's error (then the destination's guest is lost: see the
@@ -1938,6 +1939,37 @@ rdmamig_status rdmamig_conn_wait_postcopy(const struct rdmamig_conn *conn,
                                           uint32_t phase,
                                           uint32_t timeout_ms,
                                           struct rdmamig_postcopy_progress *out);
+
+/**
+ * Destination, while post-copy runs: reads the stale pages among the `len`
+ * bytes at `offset` of block `block` (the index in the `rdmamig_ram`
+ * this side accepted with) from the source now, as the library's own
+ * fault handling would, and returns once none of them is missing. For
+ * faults the library does not see: a second process that maps the same
+ * shared guest memory (a vhost-user backend) and whose userfaultfd the
+ * hypervisor reads; once this returns, wake the backend's thread there
+ * (`UFFDIO_WAKE`). Pages that are not stale are left as they are (a
+ * missing one is zero: place it yourself, `UFFDIO_ZEROPAGE`).
+ *
+ * `timeout_ms` as in `rdmamig_conn_wait_postcopy`; with `RDMAMIG_NO_WAIT`
+ * the call only asks (a prefetch): `RDMAMIG_ERR_WOULD_BLOCK`, and the pages
+ * come all the same.
+ *
+ * Returns `RDMAMIG_OK` (also at once when post-copy is done);
+ * `RDMAMIG_ERR_TIMEOUT`; `RDMAMIG_ERR_WOULD_BLOCK`;
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown block or a range past its
+ * end; `RDMAMIG_ERR_STATE` on a source or before post-copy runs; or the
+ * connection's error (see `rdmamig_conn_wait_postcopy` for what a failure
+ * during post-copy means).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`,
+ * from any thread (several at once).
+ */
+rdmamig_status rdmamig_conn_postcopy_fetch(const struct rdmamig_conn *conn,
+                                           uint32_t block,
+                                           uint64_t offset,
+                                           uint64_t len,
+                                           uint32_t timeout_ms);
 
 /**
  * Destination: fills `*out` with post-copy's progress now (see

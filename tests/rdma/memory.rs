@@ -77,7 +77,6 @@ fn page_is(ram: &GuestRam, page: u64, seed: Option<u64>) -> bool {
 }
 
 /// This process's resident memory, in KiB (/proc/self/status).
-/// This process's resident memory, KiB.
 #[derive(Clone, Copy, Debug)]
 pub struct Rss {
     pub total: u64,

@@ -123,6 +123,52 @@ fn postcopy_of_a_sparse_block_whose_bitmap_exceeds_a_message() {
     assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), Ending::Completed);
 }
 
+/// `Destination::postcopy_fetch` (for faults the library does not see, a
+/// vhost-user backend's): the pages asked for arrive without anything here
+/// touching them, before the background pull (in address order) gets
+/// there; refused before post-copy and outside the block; at once after it.
+#[test]
+fn postcopy_fetch_brings_pages_before_the_pull_does() {
+    let len = LEN;
+    let src = GuestRam::new(len, 0x21);
+    let dst = GuestRam::new(len, 0);
+    let config = Config::default();
+    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, len).unwrap();
+    source.iteration_end().unwrap();
+    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
+    // Every page changes: all stale.
+    for p in 0..PAGES {
+        src.write_u64(p * PAGE, mix(p) | 1);
+    }
+    let err = dest.postcopy_fetch(0, 0, PAGE, None).unwrap_err();
+    assert_eq!(err.kind, rdmamig::ErrorKind::State, "{err}");
+    // The last 64 KiB and a page at three quarters: the pull reaches them last.
+    let wanted: Vec<u64> = (PAGES - 16..PAGES).chain([PAGES * 3 / 4]).collect();
+    thread::scope(|s| {
+        let postcopy = s.spawn(|| source.postcopy(&[StalePages { block: 0, bitmap: vec![!0; (PAGES / 64) as usize] }]));
+        dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+        let wait = Some(Duration::from_secs(30));
+        dest.postcopy_fetch(0, (PAGES - 16) * PAGE, 16 * PAGE, wait).unwrap();
+        dest.postcopy_fetch(0, PAGES * 3 / 4 * PAGE + 100, 1, wait).unwrap();
+        let left = dest.postcopy_progress().pages_remaining;
+        for &p in &wanted {
+            assert!(!missing(&dst, p), "page {p} still missing after its fetch returned ({left} pages left)");
+        }
+        assert!(left > 0, "the pull had brought every page already: the fetch was not tested");
+        let err = dest.postcopy_fetch(0, len - PAGE, 2 * PAGE, wait).unwrap_err();
+        assert_eq!(err.kind, rdmamig::ErrorKind::InvalidArgument, "{err}");
+        assert!(dest.postcopy_fetch(1, 0, PAGE, wait).is_err());
+        postcopy.join().unwrap().unwrap();
+    });
+    dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(60))).unwrap();
+    dest.postcopy_fetch(0, 0, len, Some(Duration::ZERO)).unwrap();
+    assert!(src.bytes() == dst.bytes());
+    assert_eq!(source.close().unwrap(), Ending::Completed);
+    assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), Ending::Completed);
+}
+
 /// Whether `page` of `ram` is missing (not resident): touching it faults.
 fn missing(ram: &GuestRam, page: u64) -> bool {
     let mut v = 0u8;

@@ -15,7 +15,7 @@ mod service;
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Listener, Negotiated};
 use crate::engine::logging;
 use crate::engine::pin::{Pins, Unregistration};
-use crate::engine::postcopy::{PostcopyPhase, PostcopyProgress, Progress};
+use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, PostcopyProgress, Progress};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::Ending;
@@ -67,6 +67,8 @@ struct Shared {
     event: Readiness,
     /// Post-copy's progress; phase changes are announced through `changed`.
     postcopy: Progress,
+    /// The hypervisor's page requests during post-copy (`postcopy_fetch`).
+    fetches: Fetches,
 }
 
 impl Shared {
@@ -102,6 +104,7 @@ pub struct Destination {
     /// Keeps the unregistration worker running past `close`, so that close
     /// does not wait for the deregistrations it queued.
     unregistration: Option<Arc<Unregistration>>,
+    ram: RamBlocks,
 }
 
 impl Destination {
@@ -164,6 +167,7 @@ impl Destination {
             counters,
             event,
             postcopy: Progress::default(),
+            fetches: Fetches::new()?,
         });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
@@ -180,6 +184,7 @@ impl Destination {
             return_channel: Mutex::new(return_channel),
             has_return_path,
             unregistration,
+            ram: ram.clone(),
         })
     }
 
@@ -226,6 +231,54 @@ impl Destination {
                 return Err(Error::new(ErrorKind::Timeout, format!("post-copy did not reach {phase:?} in time")));
             }
             self.shared.changed.wait_for(&mut state, wait.min(Duration::from_millis(100)));
+        }
+    }
+
+    /// Reads the stale pages among the `len` bytes at `offset` of block
+    /// `block` from the source now, as faults on them would, and returns
+    /// once none of them is missing any more (at once when none is stale, or
+    /// post-copy is done), waiting up to `timeout` (or for ever). For faults
+    /// the library does not see: a second process mapping the same shared
+    /// guest memory (a vhost-user backend) whose userfaultfd the hypervisor
+    /// reads; once this returns, it wakes the backend's thread there
+    /// (`UFFDIO_WAKE`). Pages that are not stale are left as they are (a
+    /// missing one is zero: the hypervisor places it, `UFFDIO_ZEROPAGE`).
+    /// `Duration::ZERO` only asks: `WouldBlock` unless no page is missing
+    /// (post-copy is done), and the pages come all the same. Fails with
+    /// `State` before post-copy runs, with the connection's error if it
+    /// fails first, or with `Timeout`. Any thread.
+    pub fn postcopy_fetch(&self, block: u32, offset: u64, len: u64, timeout: Option<Duration>) -> Result<()> {
+        let b = self.ram.get(block)?;
+        b.check_range(offset, len)?;
+        match self.shared.postcopy.snapshot().phase {
+            PostcopyPhase::Idle => return Err(Error::new(ErrorKind::State, "post-copy is not running")),
+            PostcopyPhase::Done => return Ok(()),
+            PostcopyPhase::Running => {}
+        }
+        let (done, answer) = mpsc::sync_channel(1);
+        self.shared.fetches.push(Fetch { addr: b.host as u64 + offset, len, done });
+        if timeout == Some(Duration::ZERO) {
+            return Err(Error::new(ErrorKind::WouldBlock, "the pages are on their way"));
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let wait = deadline.map_or(Duration::from_millis(100), |d| d.saturating_duration_since(Instant::now()));
+            match answer.recv_timeout(wait.min(Duration::from_millis(100))) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                // The post-copy thread dropped the request: it failed, and
+                // is about to say so (or it never took it: it had ended).
+                Err(mpsc::RecvTimeoutError::Disconnected) => thread::sleep(Duration::from_millis(10)),
+            }
+            if self.shared.postcopy.snapshot().phase == PostcopyPhase::Done {
+                return Ok(());
+            }
+            if let Some(Err(e)) = &self.shared.state.lock().end {
+                return Err(e.clone());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::new(ErrorKind::Timeout, "the pages did not arrive in time"));
+            }
         }
     }
 

@@ -193,6 +193,7 @@ impl Service {
             &mut self.link,
             plan,
             &self.shared.postcopy,
+            &self.shared.fetches,
             &notify,
             &mut self.postcopy_blocked,
         )?;

@@ -20,7 +20,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 
 use super::installer::{self, Done, EventFd, Job};
 use super::uffd::{Installed, Userfault};
-use super::{PostcopyPhase, Progress};
+use super::{Fetch, Fetches, PostcopyPhase, Progress};
 use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::page_buffer::PageBuffer;
@@ -239,6 +239,9 @@ struct Puller<'a> {
     last_pull: Option<Instant>,
     /// Pages announced stale (never cleared): a fault on a page outside it is a zero page.
     announced: Vec<Vec<u64>>,
+    /// The hypervisor's requests, and those not answered yet.
+    fetches: &'a Fetches,
+    pending: Vec<Fetch>,
 }
 
 /// Reads each block's table from the source (one read at a time, of at most
@@ -362,6 +365,7 @@ pub(crate) fn run(
     link: &mut Link,
     mut blocks: Vec<PlanBlock>,
     progress: &Progress,
+    fetches: &Fetches,
     running: &dyn Fn(),
     blocked: &mut Option<Blocked>,
 ) -> Result<PostcopySummary> {
@@ -398,7 +402,7 @@ pub(crate) fn run(
     running();
     let announced = blocks.iter().map(|b| b.stale.clone()).collect();
     let installer_wake = EventFd::new()?;
-    let events = installer::epoll_of(&[uffd.fd(), installer_wake.fd()])?;
+    let events = installer::epoll_of(&[uffd.fd(), installer_wake.fd(), fetches.fd()])?;
     let (jobs, job_queue) = mpsc::channel();
     let (results, installed) = mpsc::channel();
     std::thread::scope(|s| {
@@ -429,6 +433,8 @@ pub(crate) fn run(
             announced,
             last_fault: None,
             last_pull: None,
+            fetches,
+            pending: Vec::new(),
         };
         p.serve(link, events.as_raw_fd())
     })?;
@@ -446,6 +452,7 @@ impl Puller<'_> {
     fn serve(&mut self, link: &mut Link, events: RawFd) -> Result<()> {
         loop {
             self.take_faults()?;
+            self.take_fetches();
             self.post_faults(link)?;
             // Completions before new pulls: a fault's completion installs its
             // page (and wakes its vCPU) without waiting behind a pull's post.
@@ -457,6 +464,7 @@ impl Puller<'_> {
             self.done = done;
             self.done.clear();
             self.take_installed()?;
+            self.answer_fetches();
             let hold = self.post_pulls(link)?;
             let idle = self.pulls.iter().all(Option::is_none) && self.faults.iter().all(Option::is_none);
             if self.remaining == 0 && idle {
@@ -495,20 +503,10 @@ impl Puller<'_> {
         self.uffd.read_faults(&mut self.addrs)?;
         for i in 0..self.addrs.len() {
             let addr = self.addrs[i] & !(PAGE - 1);
-            let Some(block) =
-                self.blocks.iter().position(|b| (b.host as u64..b.host as u64 + b.length).contains(&addr))
-            else {
-                continue;
-            };
+            let Some(block) = self.block_of(addr) else { continue };
             let page = (addr - self.blocks[block].host as u64) / PAGE;
             if test_bit(&self.blocks[block].stale, page) {
-                // A pull in flight (or being installed) brings it and wakes the thread.
-                let pulling = self.in_flight(block, page).is_some();
-                if !pulling && self.faulting.insert((block, page)) {
-                    self.queued.push_back((block, page));
-                    self.fault_nearby(block, page);
-                    self.last_fault = Some(Instant::now());
-                }
+                self.fault(block, page);
             } else if test_bit(&self.announced[block], page) {
                 // Installed already: its install woke the waiters; wake late ones too.
                 self.uffd.wake(addr, PAGE)?;
@@ -518,6 +516,59 @@ impl Puller<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The post-copy block holding host address `addr`, if one does.
+    fn block_of(&self, addr: u64) -> Option<usize> {
+        self.blocks.iter().position(|b| (b.host as u64..b.host as u64 + b.length).contains(&addr))
+    }
+
+    /// Stale page `page` is wanted now: its read jumps the queue (unless a
+    /// pull in flight, or being installed, brings it).
+    fn fault(&mut self, block: usize, page: u64) {
+        let pulling = self.in_flight(block, page).is_some();
+        if !pulling && self.faulting.insert((block, page)) {
+            self.queued.push_back((block, page));
+            self.fault_nearby(block, page);
+            self.last_fault = Some(Instant::now());
+        }
+    }
+
+    /// The hypervisor's new requests: their stale pages are read as faults are.
+    fn take_fetches(&mut self) {
+        let first = self.pending.len();
+        self.fetches.take(&mut self.pending);
+        for i in first..self.pending.len() {
+            let Some((block, from, end)) = self.fetch_pages(&self.pending[i]) else { continue };
+            let mut page = from;
+            while let Some(p) = next_set(&self.blocks[block].stale, page, end) {
+                self.fault(block, p);
+                page = p + 1;
+            }
+        }
+    }
+
+    /// Answers the requests none of whose pages is stale any more.
+    fn answer_fetches(&mut self) {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.retain(|f| {
+            let stale =
+                self.fetch_pages(f).is_some_and(|(b, from, end)| next_set(&self.blocks[b].stale, from, end).is_some());
+            if !stale {
+                // The caller may have given up waiting: nobody to tell.
+                let _ = f.done.try_send(());
+            }
+            stale
+        });
+        self.pending = pending;
+    }
+
+    /// A request's pages in a post-copy block: (block, first, end).
+    fn fetch_pages(&self, f: &Fetch) -> Option<(usize, u64, u64)> {
+        let block = self.block_of(f.addr)?;
+        let b = &self.blocks[block];
+        let start = f.addr - b.host as u64;
+        Some((block, start / PAGE, (start + f.len).div_ceil(PAGE).min(b.length / PAGE)))
     }
 
     fn post_faults(&mut self, link: &mut Link) -> Result<()> {

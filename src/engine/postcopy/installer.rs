@@ -79,7 +79,7 @@ impl EventFd {
         self.0.as_raw_fd()
     }
 
-    fn signal(&self) {
+    pub fn signal(&self) {
         let one = 1u64;
         // SAFETY: 8 bytes from a live u64 (a full counter is not possible here).
         unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };

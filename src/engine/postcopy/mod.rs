@@ -36,9 +36,13 @@
 //! Why the library registers the userfaultfd: it alone knows the stale set
 //! when the message arrives, and a VMM whose own process maps guest RAM
 //! (cloud-hypervisor-like, anonymous or memfd; or a test) needs nothing
-//! else. Not supported: hugetlbfs (4 KiB installs), another process mapping
-//! the same memory (a vhost-user backend would need its own userfaultfd, as
-//! QEMU's postcopy arranges), and a VMM handing over its own userfaultfd.
+//! else. Another process mapping the same (shared) memory, a vhost-user
+//! backend, has a userfaultfd of its own, which the VMM reads, as QEMU's
+//! postcopy arranges: it passes the faults on with
+//! [`Destination::postcopy_fetch`](crate::engine::Destination::postcopy_fetch)
+//! (`Fetches`: served as faults are) and wakes the backend's thread when
+//! that returns. Not supported: hugetlbfs (4 KiB installs), and a VMM
+//! handing over its own userfaultfd.
 //!
 //! Failure: the post-copy thread stops, the connection's error is stored
 //! (`Destination::error`, its event fd becomes readable, `wait_postcopy`
@@ -54,7 +58,13 @@ mod installer;
 pub(crate) mod source;
 mod uffd;
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::mpsc::SyncSender;
+
+use parking_lot::Mutex;
+
+use crate::Result;
 
 pub use crate::wire::PostcopySummary;
 
@@ -127,5 +137,42 @@ impl Progress {
 
     pub(crate) fn set_phase(&self, p: PostcopyPhase) {
         self.phase.store(p as u8, Ordering::Release);
+    }
+}
+
+/// Pages the hypervisor asks for before anything here faults on them
+/// ([`Destination::postcopy_fetch`](crate::engine::Destination::postcopy_fetch)),
+/// handed to the post-copy thread, which watches `wake`.
+pub(crate) struct Fetches {
+    queue: Mutex<Vec<Fetch>>,
+    wake: installer::EventFd,
+}
+
+/// One request: `len` bytes at host address `addr`; `done` gets `()` once
+/// none of its pages is stale (dropped unanswered if post-copy fails).
+pub(crate) struct Fetch {
+    pub addr: u64,
+    pub len: u64,
+    pub done: SyncSender<()>,
+}
+
+impl Fetches {
+    pub fn new() -> Result<Fetches> {
+        Ok(Fetches { queue: Mutex::new(Vec::new()), wake: installer::EventFd::new()? })
+    }
+
+    pub fn push(&self, fetch: Fetch) {
+        self.queue.lock().push(fetch);
+        self.wake.signal();
+    }
+
+    /// Moves the requests queued so far into `into`.
+    fn take(&self, into: &mut Vec<Fetch>) {
+        self.wake.drain();
+        into.append(&mut self.queue.lock());
+    }
+
+    fn fd(&self) -> RawFd {
+        self.wake.fd()
     }
 }

@@ -30,7 +30,10 @@ pub(crate) fn check(ram: &RamBlocks, stale: &[StalePages]) -> Result<()> {
         if std::mem::replace(&mut seen[s.block as usize], true) {
             return bad(format!("block {} is listed twice", s.block));
         }
-        let pages = block.length.div_ceil(POSTCOPY_PAGE_SIZE);
+        if block.length % POSTCOPY_PAGE_SIZE != 0 {
+            return bad(format!("block '{}' is not a whole number of 4 KiB pages", block.name));
+        }
+        let pages = block.length / POSTCOPY_PAGE_SIZE;
         let words = postcopy_bitmap_words(block.length);
         if (s.bitmap.len() as u64) < words {
             return bad(format!(
@@ -152,17 +155,21 @@ struct Table<'a> {
 /// Registered parts are whole `REGION_ALIGN` windows (2 MiB) around stale pages.
 const REGION_ALIGN: u64 = 2 << 20;
 
+// One region per block always fits: so `regions` ends.
+const _: () = assert!(MAX_REPEAT <= POSTCOPY_MAX_REGIONS);
+
 /// The parts of each block to register: the `REGION_ALIGN` windows that
-/// hold stale pages, runs of them merged when less than a gap apart; the gap
-/// doubles from none until there are at most `POSTCOPY_MAX_REGIONS`. Whole blocks
-/// would do, but registering memory backs every page of it, and a guest's
-/// never-touched memory should stay so.
+/// hold stale pages, runs of them merged when at most a gap apart (adjacent
+/// ones always); the gap doubles from none until there are at most
+/// `POSTCOPY_MAX_REGIONS` (at the latest one per block: `check` allows at
+/// most `MAX_REPEAT` blocks). Whole blocks would do, but registering memory
+/// backs every page of it, and a guest's never-touched memory should stay so.
 fn regions(blocks: &mut [Table]) {
     let align = REGION_ALIGN / POSTCOPY_PAGE_SIZE;
     let mut gap = 0;
     loop {
         for t in blocks.iter_mut() {
-            let pages = t.entry.length.div_ceil(POSTCOPY_PAGE_SIZE);
+            let pages = t.entry.length / POSTCOPY_PAGE_SIZE;
             t.regions.clear();
             let _ = for_each_run(t.bitmap, pages, |first, n| {
                 let (start, end) = (first / align * align, ((first + n).div_ceil(align) * align).min(pages));
@@ -178,10 +185,6 @@ fn regions(blocks: &mut [Table]) {
                 }
                 Ok::<(), ()>(())
             });
-            // A block's last page may be partial: its region ends with the block.
-            if let Some(r) = t.regions.last_mut() {
-                r.length = r.length.min(t.entry.length - r.offset);
-            }
         }
         if blocks.iter().map(|t| t.regions.len()).sum::<usize>() <= POSTCOPY_MAX_REGIONS as usize {
             return;
@@ -207,4 +210,68 @@ unsafe fn expose(pins: &Pins, what: &str, addr: *mut u8, len: u64) -> Result<Mem
     pins.settle_for(len);
     // SAFETY: as this function's contract.
     unsafe { pins.register(addr, len, Access::REMOTE_READ) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{postcopy_table, Entry};
+
+    /// The table `regions` makes for `bitmap` (a block of `pages` pages), as the destination checks it.
+    fn table_of(tables: &mut [Table]) -> Vec<Vec<PostcopyRegion>> {
+        regions(tables);
+        tables
+            .iter()
+            .map(|t| {
+                let entry = PostcopyBlock { regions: t.regions.len() as u32, ..t.entry };
+                let mut bytes: Vec<u8> = t.bitmap.iter().flat_map(|w| w.to_be_bytes()).collect();
+                for r in &t.regions {
+                    let mut e = [0u8; PostcopyRegion::SIZE];
+                    PostcopyRegion { remote_addr: 0x1000_0000 + r.offset, rkey: 1, ..*r }.encode(&mut e);
+                    bytes.extend_from_slice(&e);
+                }
+                postcopy_table(&entry, &bytes).expect("the destination accepts the table").1
+            })
+            .collect()
+    }
+
+    fn table(bitmap: &[u64], pages: u64) -> Table<'_> {
+        let stale_pages = bitmap.iter().map(|w| w.count_ones() as u64).sum();
+        let entry = PostcopyBlock { length: pages * POSTCOPY_PAGE_SIZE, stale_pages, ..PostcopyBlock::default() };
+        Table { entry, bitmap, regions: Vec::new() }
+    }
+
+    #[test]
+    fn regions_cover_the_stale_pages_in_2_mib_windows() {
+        const W: u64 = 512; // pages per window
+                            // Pages 0, W + 3 (the next window: merged), 10 W - 1 and 10 W (two windows), the block's last.
+        let pages = 40 * W + 100;
+        let mut bitmap = vec![0u64; pages.div_ceil(64) as usize];
+        for p in [0, W + 3, 10 * W - 1, 10 * W, pages - 1] {
+            bitmap[(p / 64) as usize] |= 1 << (p % 64);
+        }
+        let got = table_of(&mut [table(&bitmap, pages)]);
+        let span = |r: &PostcopyRegion| (r.offset / 4096, (r.offset + r.length) / 4096);
+        assert_eq!(got[0].iter().map(span).collect::<Vec<_>>(), vec![(0, 2 * W), (9 * W, 11 * W), (40 * W, pages)]);
+    }
+
+    #[test]
+    fn more_windows_than_allowed_are_merged_until_they_fit() {
+        // Two 64 GiB blocks with a stale page in every other window.
+        const W: u64 = 512;
+        let pages = 32768 * W;
+        let mut bitmap = vec![0u64; (pages / 64) as usize];
+        for w in (0..32768).step_by(2) {
+            bitmap[(w * W / 64) as usize] |= 1;
+        }
+        // With no gap: 32768 regions; a gap of one window merges each block's into one.
+        let got = table_of(&mut [table(&bitmap, pages), table(&bitmap, pages)]);
+        assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1]);
+        // Windows 2 apart, then 4 apart: the gap that fits keeps the runs apart.
+        for w in (0..32768).step_by(2).filter(|w| w % 4096 >= 2048) {
+            bitmap[(w * W / 64) as usize] = 0;
+        }
+        let got = table_of(&mut [table(&bitmap, pages)]);
+        assert_eq!(got[0].len(), 8, "{:?}", got[0].first());
+    }
 }
