@@ -217,7 +217,7 @@ mod tests {
     use super::*;
     use crate::wire::{postcopy_table, Entry};
 
-    /// The table `regions` makes for `bitmap` (a block of `pages` pages), as the destination checks it.
+    /// The regions `regions` makes for each block, as the destination checks its table.
     fn table_of(tables: &mut [Table]) -> Vec<Vec<PostcopyRegion>> {
         regions(tables);
         tables
@@ -243,8 +243,9 @@ mod tests {
 
     #[test]
     fn regions_cover_the_stale_pages_in_2_mib_windows() {
-        const W: u64 = 512; // pages per window
-                            // Pages 0, W + 3 (the next window: merged), 10 W - 1 and 10 W (two windows), the block's last.
+        // Pages per window.
+        const W: u64 = 512;
+        // Pages 0, W + 3 (the next window: merged), 10 W - 1 and 10 W (two windows), the block's last.
         let pages = 40 * W + 100;
         let mut bitmap = vec![0u64; pages.div_ceil(64) as usize];
         for p in [0, W + 3, 10 * W - 1, 10 * W, pages - 1] {
@@ -267,7 +268,8 @@ mod tests {
         // With no gap: 32768 regions; a gap of one window merges each block's into one.
         let got = table_of(&mut [table(&bitmap, pages), table(&bitmap, pages)]);
         assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1]);
-        // Windows 2 apart, then 4 apart: the gap that fits keeps the runs apart.
+        // Groups of 1024 windows (every other one stale), 2048 windows apart:
+        // a gap of one window merges each group, not the groups.
         for w in (0..32768).step_by(2).filter(|w| w % 4096 >= 2048) {
             bitmap[(w * W / 64) as usize] = 0;
         }
