@@ -18,8 +18,9 @@ use std::collections::{HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender};
 
-use super::installer::{self, Done, EventFd, Job};
+use super::installer::{self, Done, Job};
 use super::uffd::{Installed, Userfault};
+use super::wake::{self, EventFd};
 use super::{Fetch, Fetches, PostcopyPhase, Progress};
 use crate::engine::link::Link;
 use crate::engine::logging;
@@ -402,7 +403,7 @@ pub(crate) fn run(
     running();
     let announced = blocks.iter().map(|b| b.stale.clone()).collect();
     let installer_wake = EventFd::new()?;
-    let events = installer::epoll_of(&[uffd.fd(), installer_wake.fd(), fetches.fd()])?;
+    let events = wake::epoll_of(&[uffd.fd(), installer_wake.fd(), fetches.fd()])?;
     let (jobs, job_queue) = mpsc::channel();
     let (results, installed) = mpsc::channel();
     std::thread::scope(|s| {

@@ -57,6 +57,7 @@ pub(crate) mod destination;
 mod installer;
 pub(crate) mod source;
 mod uffd;
+mod wake;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -145,7 +146,7 @@ impl Progress {
 /// handed to the post-copy thread, which watches `wake`.
 pub(crate) struct Fetches {
     queue: Mutex<Vec<Fetch>>,
-    wake: installer::EventFd,
+    wake: wake::EventFd,
 }
 
 /// One request: `len` bytes at host address `addr`; `done` gets `()` once
@@ -158,7 +159,7 @@ pub(crate) struct Fetch {
 
 impl Fetches {
     pub fn new() -> Result<Fetches> {
-        Ok(Fetches { queue: Mutex::new(Vec::new()), wake: installer::EventFd::new()? })
+        Ok(Fetches { queue: Mutex::new(Vec::new()), wake: wake::EventFd::new()? })
     }
 
     pub fn push(&self, fetch: Fetch) {
