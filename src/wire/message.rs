@@ -234,7 +234,7 @@ pub fn postcopy_table(block: &PostcopyBlock, bytes: &[u8]) -> Result<(Vec<u64>, 
     let page = |bytes: u64| bytes / POSTCOPY_PAGE_SIZE;
     let mut from = 0;
     for (start, next) in regions.iter().map(|r| (page(r.offset), page(r.offset + r.length))).chain([(pages, pages)]) {
-        if any_set(&stale, from, start) {
+        if next_set(&stale, from, start).is_some() {
             return Err(bad("a stale page lies outside every region"));
         }
         from = next;
@@ -242,19 +242,18 @@ pub fn postcopy_table(block: &PostcopyBlock, bytes: &[u8]) -> Result<(Vec<u64>, 
     Ok((stale, regions))
 }
 
-/// Whether any of bits `from..to` of `words` is set, a word at a time.
-fn any_set(words: &[u64], from: u64, to: u64) -> bool {
+/// The first set bit of `words` at or after `from`, below `end`, a word at a time.
+pub fn next_set(words: &[u64], from: u64, end: u64) -> Option<u64> {
     let mut i = from;
-    while i < to {
-        let (word, bit) = ((i / 64) as usize, i % 64);
-        let n = (64 - bit).min(to - i);
-        let mask = if n == 64 { !0 } else { ((1u64 << n) - 1) << bit };
-        if words[word] & mask != 0 {
-            return true;
+    while i < end {
+        let w = words[(i / 64) as usize] >> (i % 64);
+        if w != 0 {
+            let at = i + w.trailing_zeros() as u64;
+            return (at < end).then_some(at);
         }
-        i += n;
+        i = (i / 64 + 1) * 64;
     }
-    false
+    None
 }
 
 /// Builds one control message (header + payload) in a send buffer.

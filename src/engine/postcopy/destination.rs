@@ -29,8 +29,8 @@ use crate::engine::ram::RamBlocks;
 use crate::engine::validate;
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{
-    postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, PostcopySummary, POSTCOPY_MAX_REGIONS,
-    POSTCOPY_PAGE_SIZE,
+    next_set, postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, PostcopySummary,
+    POSTCOPY_MAX_REGIONS, POSTCOPY_PAGE_SIZE,
 };
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
@@ -189,20 +189,6 @@ fn test_bit(words: &[u64], i: u64) -> bool {
 
 fn clear_bit(words: &mut [u64], i: u64) {
     words[(i / 64) as usize] &= !(1 << (i % 64));
-}
-
-/// The first set bit at or after `from`, below `end`.
-fn next_set(words: &[u64], from: u64, end: u64) -> Option<u64> {
-    let mut i = from;
-    while i < end {
-        let w = words[(i / 64) as usize] >> (i % 64);
-        if w != 0 {
-            let at = i + w.trailing_zeros() as u64;
-            return (at < end).then_some(at);
-        }
-        i = (i / 64 + 1) * 64;
-    }
-    None
 }
 
 struct Pull {
@@ -551,6 +537,9 @@ impl Puller<'_> {
 
     /// Answers the requests none of whose pages is stale any more.
     fn answer_fetches(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
         let mut pending = std::mem::take(&mut self.pending);
         pending.retain(|f| {
             let stale =

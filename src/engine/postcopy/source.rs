@@ -87,14 +87,7 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
         let buf = tables.insert(PageBuffer::new(blocks.iter().map(len).sum::<u64>() as usize));
         let mut at = 0;
         for t in &blocks {
-            let out = &mut buf.bytes_mut()[at..];
-            for (word, o) in t.bitmap.iter().zip(out.chunks_exact_mut(8)) {
-                o.copy_from_slice(&word.to_be_bytes());
-            }
-            let out = &mut out[t.bitmap.len() * 8..];
-            for (r, o) in t.regions.iter().zip(out.chunks_exact_mut(PostcopyRegion::SIZE)) {
-                r.encode(o);
-            }
+            t.write(&mut buf.bytes_mut()[at..]);
             at += len(t) as usize;
         }
         // SAFETY: `tables` outlives its registration (settled below).
@@ -150,6 +143,20 @@ struct Table<'a> {
     entry: PostcopyBlock,
     bitmap: &'a [u64],
     regions: Vec<PostcopyRegion>,
+}
+
+impl Table<'_> {
+    /// Writes the table the destination reads (`wire::postcopy_table`):
+    /// the bitmap's big-endian words, then the regions.
+    fn write(&self, out: &mut [u8]) {
+        let (map, rest) = out.split_at_mut(self.bitmap.len() * 8);
+        for (word, o) in self.bitmap.iter().zip(map.chunks_exact_mut(8)) {
+            o.copy_from_slice(&word.to_be_bytes());
+        }
+        for (r, o) in self.regions.iter().zip(rest.chunks_exact_mut(PostcopyRegion::SIZE)) {
+            r.encode(o);
+        }
+    }
 }
 
 /// Registered parts are whole `REGION_ALIGN` windows (2 MiB) around stale pages.
@@ -215,7 +222,7 @@ unsafe fn expose(pins: &Pins, what: &str, addr: *mut u8, len: u64) -> Result<Mem
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{postcopy_table, Entry};
+    use crate::wire::postcopy_table;
 
     /// The regions `regions` makes for each block, as the destination checks its table.
     fn table_of(tables: &mut [Table]) -> Vec<Vec<PostcopyRegion>> {
@@ -224,12 +231,8 @@ mod tests {
             .iter()
             .map(|t| {
                 let entry = PostcopyBlock { regions: t.regions.len() as u32, ..t.entry };
-                let mut bytes: Vec<u8> = t.bitmap.iter().flat_map(|w| w.to_be_bytes()).collect();
-                for r in &t.regions {
-                    let mut e = [0u8; PostcopyRegion::SIZE];
-                    PostcopyRegion { remote_addr: 0x1000_0000 + r.offset, rkey: 1, ..*r }.encode(&mut e);
-                    bytes.extend_from_slice(&e);
-                }
+                let mut bytes = vec![0u8; postcopy_table_len(&entry) as usize];
+                t.write(&mut bytes);
                 postcopy_table(&entry, &bytes).expect("the destination accepts the table").1
             })
             .collect()
