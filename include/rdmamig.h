@@ -1117,7 +1117,8 @@ rdmamig_status rdmamig_conn_negotiated(const struct rdmamig_conn *conn,
 /**
  * Source: opens an iteration window (one precopy round): `rdmamig_conn_save`
  * is valid until `rdmamig_conn_iteration_end`. The first window also
- * exchanges the RAM block lists. `RDMAMIG_ERR_STATE` if a window is open.
+ * exchanges the RAM block lists. `RDMAMIG_ERR_STATE` if a window is open
+ * or post-copy was called.
  *
  * Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
  * be running).
@@ -1870,7 +1871,8 @@ rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
  * `rdmamig_config_set_pin_budget`), tells the destination, which pulls the
  * pages itself with RDMA READs while its guest runs, and waits for its
  * "done". Until the call returns the guest's memory must stay mapped and
- * unchanged; then `rdmamig_conn_close` as usual. The bitmaps are copied
+ * unchanged; then `rdmamig_conn_close` as usual (iteration windows are
+ * refused from the call on: the guest runs on the destination). The bitmaps are copied
  * before the call starts: they may be reused when it returns.
  *
  * Runs on the caller's thread, which blocks until the destination has
@@ -1886,7 +1888,8 @@ rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
  * past the block's end, a non-zero `reserved`, a block whose length is not
  * a multiple of 4 KiB, more than 4096 blocks); `RDMAMIG_ERR_STATE` (a
  * destination, a QEMU destination (no extensions), inside an iteration
- * window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
+ * window, before the first window, post-copy called before);
+ * `RDMAMIG_ERR_PIN_BUDGET`; or the
  * connection's error (then the destination's guest is lost: see the
  * README's post-copy section).
  *

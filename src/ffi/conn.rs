@@ -225,7 +225,8 @@ pub extern "C" fn rdmamig_conn_negotiated(
 
 /// Source: opens an iteration window (one precopy round): `rdmamig_conn_save`
 /// is valid until `rdmamig_conn_iteration_end`. The first window also
-/// exchanges the RAM block lists. `RDMAMIG_ERR_STATE` if a window is open.
+/// exchanges the RAM block lists. `RDMAMIG_ERR_STATE` if a window is open
+/// or post-copy was called.
 ///
 /// Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
 /// be running).

@@ -140,7 +140,8 @@ const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
 /// `rdmamig_config_set_pin_budget`), tells the destination, which pulls the
 /// pages itself with RDMA READs while its guest runs, and waits for its
 /// "done". Until the call returns the guest's memory must stay mapped and
-/// unchanged; then `rdmamig_conn_close` as usual. The bitmaps are copied
+/// unchanged; then `rdmamig_conn_close` as usual (iteration windows are
+/// refused from the call on: the guest runs on the destination). The bitmaps are copied
 /// before the call starts: they may be reused when it returns.
 ///
 /// Runs on the caller's thread, which blocks until the destination has
@@ -156,7 +157,8 @@ const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
 /// past the block's end, a non-zero `reserved`, a block whose length is not
 /// a multiple of 4 KiB, more than 4096 blocks); `RDMAMIG_ERR_STATE` (a
 /// destination, a QEMU destination (no extensions), inside an iteration
-/// window, before the first window); `RDMAMIG_ERR_PIN_BUDGET`; or the
+/// window, before the first window, post-copy called before);
+/// `RDMAMIG_ERR_PIN_BUDGET`; or the
 /// connection's error (then the destination's guest is lost: see the
 /// README's post-copy section).
 ///

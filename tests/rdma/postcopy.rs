@@ -169,6 +169,43 @@ fn postcopy_fetch_brings_pages_before_the_pull_does() {
     assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), Ending::Completed);
 }
 
+/// The destination's pin budget also holds post-copy's own buffers (the
+/// staging buffer its READs land in, the tables): here pre-copy's chunk
+/// registrations fill it, and post-copy starts by releasing them (the source
+/// writes no more), so the buffers fit and the budget is never passed.
+#[test]
+fn postcopy_fits_a_destination_pin_budget_that_precopy_filled() {
+    let len = 16 << 20;
+    let pages = len / PAGE;
+    let budget = 2 << 20;
+    let src = GuestRam::new(len, 0x31);
+    let dst = GuestRam::new(len, 0);
+    let dst_config = Config { pin_budget: Some(budget), ..Config::default() };
+    let (mut source, dest) = connect(&one_block(&src, len), &Config::default(), one_block(&dst, len), &dst_config);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, len).unwrap();
+    source.iteration_end().unwrap();
+    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
+    let pinned = dest.stats().pinned_bytes;
+    assert!(pinned + (512 << 10) > budget, "pre-copy left {pinned} bytes pinned: post-copy's buffers fit anyway");
+    // Every third page changes: stale.
+    let mut bitmap = vec![0u64; (pages / 64) as usize];
+    for p in (0..pages).step_by(3) {
+        src.write_u64(p * PAGE + 8, mix(p) | 1);
+        bitmap[(p / 64) as usize] |= 1 << (p % 64);
+    }
+    let summary = source.postcopy(&[StalePages { block: 0, bitmap }]).unwrap();
+    assert_eq!(summary.pages, pages.div_ceil(3));
+    dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(60))).unwrap();
+    assert!(src.bytes() == dst.bytes());
+    let err = source.iteration_begin().unwrap_err();
+    assert_eq!(err.kind, rdmamig::ErrorKind::State, "{err}");
+    assert_eq!(source.close().unwrap(), Ending::Completed);
+    assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), Ending::Completed);
+    let peak = dest.stats().pinned_bytes_peak;
+    assert!(peak <= budget, "the destination pinned {peak} bytes, over its budget of {budget}");
+}
+
 /// Whether `page` of `ram` is missing (not resident): touching it faults.
 fn missing(ram: &GuestRam, page: u64) -> bool {
     let mut v = 0u8;

@@ -127,6 +127,9 @@ pub struct Dispatcher<R: Registrar> {
     in_window: bool,
     /// RAM_BLOCKS_REQUEST was answered: block indexes mean what it said for good.
     blocks_exchanged: bool,
+    /// POSTCOPY arrived: the guest may run here from then on, so the
+    /// source may no longer write or zero its RAM (only stream bytes and END follow).
+    postcopy: bool,
     /// Stream bytes received so far: where windows open and close in the stream.
     stream_offset: u64,
     /// Told of every window, registration and zero range, as served.
@@ -159,6 +162,7 @@ impl<R: Registrar> Dispatcher<R> {
             whole,
             in_window: false,
             blocks_exchanged: false,
+            postcopy: false,
             stream_offset: 0,
             observer: None,
         }
@@ -201,6 +205,9 @@ impl<R: Registrar> Dispatcher<R> {
             }
             // decode_message let END through with exactly one summary.
             CommandType::End if self.extensions => return self.end(entries(m)?[0]),
+            kind if self.postcopy => {
+                return Err(protocol(format!("unexpected {kind:?} message from the source after post-copy")))
+            }
             CommandType::RegisterFinished => {
                 // A window with nothing in it (QEMU closes empty ones) opens here.
                 self.open_window();
@@ -236,7 +243,9 @@ impl<R: Registrar> Dispatcher<R> {
                 Step::Applied
             }
             CommandType::Postcopy if self.extensions && self.blocks_exchanged && !self.in_window => {
-                Step::Postcopy(postcopy::destination::plan(m, &self.order, &self.ram)?)
+                let plan = postcopy::destination::plan(m, &self.order, &self.ram)?;
+                self.postcopy = true;
+                Step::Postcopy(plan)
             }
             CommandType::PostcopyFaultQp if self.extensions && self.blocks_exchanged && !self.in_window => {
                 Step::FaultQp(entries::<QpEndpoint>(m)?[0])
@@ -431,13 +440,14 @@ impl<R: Registrar> Dispatcher<R> {
         Ok(())
     }
 
-    /// Hands every registration back to `registrar`, whole blocks first.
-    pub fn release_all(self, registrar: &mut R) {
-        let owners = self.chunks.into_iter().flatten().filter_map(|c| match c {
+    /// Hands every registration back to `registrar`, whole blocks first:
+    /// at the end, or when post-copy starts (the source writes no more).
+    pub fn release_all(&mut self, registrar: &mut R) {
+        let owners = self.chunks.iter_mut().flatten().filter_map(|c| match std::mem::replace(c, ChunkReg::Free) {
             ChunkReg::Owner(reg) => Some(reg),
             _ => None,
         });
-        for reg in self.whole.into_iter().flatten().chain(owners) {
+        for reg in self.whole.iter_mut().filter_map(Option::take).chain(owners) {
             registrar.release_remote(reg);
         }
     }
@@ -470,7 +480,8 @@ fn zero_populated(block: &RamBlock, offset: u64, len: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{decode_message, CHUNK_SIZE, CONTROL_BUFFER_SIZE};
+    use crate::engine::page_buffer::PageBuffer;
+    use crate::wire::{decode_message, PostcopyBlock, CHUNK_SIZE, CONTROL_BUFFER_SIZE};
 
     const MIB: u64 = CHUNK_SIZE;
 
@@ -506,17 +517,18 @@ mod tests {
 
     /// One 3 MiB block "a" at RAM offset 16 MiB, over real memory.
     struct Fixture {
-        _mem: Vec<u8>,
+        _mem: PageBuffer,
         dispatcher: Dispatcher<Keys>,
         keys: Keys,
     }
 
     impl Fixture {
         fn new(extensions: bool, pin_all: bool) -> Fixture {
-            let mut mem = vec![0xAA; 3 * MIB as usize];
+            let mut mem = PageBuffer::new(3 * MIB as usize);
+            mem.bytes_mut().fill(0xAA);
             let mut ram = RamBlocks::new();
             // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
-            unsafe { ram.add("a", mem.as_mut_ptr(), 16 * MIB, 3 * MIB).unwrap() };
+            unsafe { ram.add("a", mem.ptr(), 16 * MIB, 3 * MIB).unwrap() };
             let dispatcher = Dispatcher::new(ram, extensions, pin_all, Arc::new(Counters::new()));
             Fixture { _mem: mem, dispatcher, keys: Keys::default() }
         }
@@ -595,6 +607,30 @@ mod tests {
         assert_eq!(f.register(1, 0), whole, "pin-all answers with the block's key");
         refused(f.unregister(&[1]), &["chunk 1", "not registered"]);
         assert_eq!(f.keys.live, [whole]);
+    }
+
+    /// Once POSTCOPY arrives the guest may run here: the registrations go
+    /// (their budget serves post-copy), and the source may no longer
+    /// register, write, zero or open a window; END still ends it.
+    #[test]
+    fn after_postcopy_the_source_may_not_register_or_zero() {
+        let mut f = Fixture::new(true, false);
+        assert!(matches!(f.send::<BlockSpec>(CommandType::RamBlocksRequest, &[]).unwrap(), Step::Blocks));
+        f.register(0, 1);
+        assert!(matches!(f.send::<BlockSpec>(CommandType::RegisterFinished, &[]).unwrap(), Step::WindowClosed));
+        let block = PostcopyBlock { block_index: 0, length: 3 * MIB, ..PostcopyBlock::default() };
+        assert!(matches!(f.send(CommandType::Postcopy, &[block]).unwrap(), Step::Postcopy(plan) if plan.is_empty()));
+        f.dispatcher.release_all(&mut f.keys);
+        assert!(f.keys.live.is_empty(), "{:?}", f.keys.live);
+        let r = RegisterRequest { key: 16 * MIB, block_index: 0, chunks: 0 };
+        refused(f.send(CommandType::RegisterRequest, &[r]), &["RegisterRequest", "after post-copy"]);
+        let z = Compress { value: 0, block_index: 0, offset: 16 * MIB, length: 4096 };
+        refused(f.send(CommandType::Compress, &[z]), &["Compress", "after post-copy"]);
+        refused(f.send::<BlockSpec>(CommandType::RegisterFinished, &[]), &["after post-copy"]);
+        refused(f.send(CommandType::Postcopy, &[block]), &["Postcopy", "after post-copy"]);
+        assert!(f.keys.live.is_empty(), "{:?}", f.keys.live);
+        let end = EndSummary { stream_bytes: 0, windows: 1 };
+        assert!(matches!(f.send(CommandType::End, &[end]).unwrap(), Step::Last(..)));
     }
 
     /// Found by the `dispatch` fuzz target: under pin-all, a REGISTER before

@@ -103,7 +103,7 @@ impl Service {
         }
         // Destroy the QP, CQ and id (no more remote writes), hand every
         // registration to the worker, then report the end.
-        let Service { link, mut pins, dispatcher, shared, postcopy_blocked, .. } = self;
+        let Service { link, mut pins, mut dispatcher, shared, postcopy_blocked, .. } = self;
         drop(link);
         dispatcher.release_all(&mut pins);
         let mut state = shared.state.lock();
@@ -189,8 +189,11 @@ impl Service {
             let state = shared.state.lock();
             shared.update(&state);
         };
+        // The source writes no more: its registrations' budget serves post-copy's buffers.
+        self.dispatcher.release_all(&mut self.pins);
         let summary = postcopy::destination::run(
             &mut self.link,
+            &self.pins,
             plan,
             &self.shared.postcopy,
             &self.shared.fetches,

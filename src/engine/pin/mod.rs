@@ -21,6 +21,7 @@ pub use sharing::pin_would_copy;
 pub use unregister::Unregistration;
 
 use crate::engine::logging;
+use crate::engine::page_buffer::PageBuffer;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
@@ -138,6 +139,20 @@ impl Pins {
         )
     }
 
+    /// Makes room for `len` more bytes (`what`, for the error): `PinBudget`
+    /// if they do not fit even once what was released is deregistered, else
+    /// waits for those deregistrations if they are needed.
+    pub fn reserve(&self, len: u64, what: &str) -> Result<()> {
+        if !self.fits_after_release(len) {
+            return Err(Error::new(
+                ErrorKind::PinBudget,
+                format!("{what} needs {len} bytes pinned: {}", self.over_budget(len).message),
+            ));
+        }
+        self.settle_for(len);
+        Ok(())
+    }
+
     /// Before registering `len` bytes that fit once what was released is
     /// deregistered: waits for those deregistrations if they are needed.
     pub fn settle_for(&self, len: u64) {
@@ -178,12 +193,15 @@ impl Pins {
                     counters.unregister_queue_depth.fetch_sub(1, Ordering::Relaxed);
                 });
             }
-            None => {
-                let bytes = mr.len() as u64;
-                drop(mr);
-                self.counters.unpin(bytes);
-            }
+            None => self.release_here(mr),
         }
+    }
+
+    /// Drops a registration on this thread (deregistered when this returns).
+    pub fn release_here(&self, mr: MemoryRegion) {
+        let bytes = mr.len() as u64;
+        drop(mr);
+        self.counters.unpin(bytes);
     }
 
     /// Waits until the registrations this side released are deregistered
@@ -205,6 +223,52 @@ impl Pins {
     /// The worker, for a handle that must keep it running after the engine stops.
     pub fn worker(&self) -> Option<Arc<Unregistration>> {
         self.worker.clone()
+    }
+}
+
+/// A buffer of the library's own that the NIC writes into (post-copy's
+/// staging and tables), registered within the pin budget; deregistered,
+/// then freed, when dropped.
+pub(crate) struct PinnedBuffer<'a> {
+    mr: Option<MemoryRegion>,
+    mem: PageBuffer,
+    pins: &'a Pins,
+}
+
+impl<'a> PinnedBuffer<'a> {
+    /// `len` bytes (`what`, for the error), zeroed, registered for local write.
+    pub fn new(pins: &'a Pins, len: usize, what: &str) -> Result<PinnedBuffer<'a>> {
+        let mem = PageBuffer::new(len);
+        pins.reserve(mem.len() as u64, what)?;
+        // SAFETY: `mem` is freed only after the registration is dropped (`Drop`).
+        let mr = unsafe { pins.register(mem.ptr(), mem.len() as u64, Access::LOCAL_WRITE)? };
+        Ok(PinnedBuffer { mr: Some(mr), mem, pins })
+    }
+
+    pub fn mr(&self) -> &MemoryRegion {
+        self.mr.as_ref().expect("registered until dropped")
+    }
+
+    pub fn mem(&mut self) -> &mut PageBuffer {
+        &mut self.mem
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.mem.ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+}
+
+impl Drop for PinnedBuffer<'_> {
+    /// Deregistered here and now (a READ still in flight then fails rather
+    /// than land in freed memory); `mem` is freed after this body.
+    fn drop(&mut self) {
+        if let Some(mr) = self.mr.take() {
+            self.pins.release_here(mr);
+        }
     }
 }
 

@@ -24,10 +24,10 @@ use super::wake::{self, EventFd};
 use super::{Fetch, Fetches, PostcopyPhase, Progress};
 use crate::engine::link::Link;
 use crate::engine::logging;
-use crate::engine::page_buffer::PageBuffer;
+use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::ram::RamBlocks;
 use crate::engine::validate;
-use crate::verbs::{Access, MemoryRegion, Sge};
+use crate::verbs::Sge;
 use crate::wire::{
     next_set, postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, PostcopySummary,
     POSTCOPY_MAX_REGIONS, POSTCOPY_PAGE_SIZE,
@@ -149,19 +149,13 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
 }
 
 /// The registered staging buffer the READs land in: `PULL_SLOTS` pull
-/// slots, then `FAULT_SLOTS` pages. `mr` is declared first, so it is
-/// deregistered (no more DMA into the memory) before the memory is freed.
-struct Staging {
-    mr: MemoryRegion,
-    mem: PageBuffer,
-}
+/// slots, then `FAULT_SLOTS` pages.
+struct Staging<'a>(PinnedBuffer<'a>);
 
-impl Staging {
-    fn new(link: &Link) -> Result<Staging> {
-        let mem = PageBuffer::new((PULL_SLOTS as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE) as usize);
-        // SAFETY: the buffer lives as long as `Staging`, and is freed after the MR (field order).
-        let mr = unsafe { link.pd.register(mem.ptr(), mem.len(), Access::LOCAL_WRITE)? };
-        Ok(Staging { mr, mem })
+impl<'a> Staging<'a> {
+    fn new(pins: &'a Pins) -> Result<Staging<'a>> {
+        let len = PULL_SLOTS as u64 * PULL_PAGES * PAGE + FAULT_SLOTS as u64 * PAGE;
+        Ok(Staging(PinnedBuffer::new(pins, len as usize, "post-copy's staging buffer")?))
     }
 
     fn pull_slot(&self, i: usize) -> u64 {
@@ -173,13 +167,13 @@ impl Staging {
     }
 
     fn sge(&self, at: u64, len: u64) -> Sge {
-        self.mr.sge(at as usize, len as u32).expect("inside the staging buffer")
+        self.0.mr().sge(at as usize, len as u32).expect("inside the staging buffer")
     }
 
     fn ptr(&self, at: u64) -> *const u8 {
-        debug_assert!((at as usize) < self.mem.len());
+        debug_assert!((at as usize) < self.0.len());
         // SAFETY: callers pass offsets of slots inside the buffer.
-        unsafe { self.mem.ptr().add(at as usize) }
+        unsafe { self.0.ptr().add(at as usize) }
     }
 }
 
@@ -200,7 +194,7 @@ struct Pull {
 struct Puller<'a> {
     blocks: Vec<PlanBlock>,
     uffd: &'a Userfault,
-    staging: Staging,
+    staging: Staging<'a>,
     progress: &'a Progress,
     remaining: u64,
     /// Next page the background pull looks at: (block, page).
@@ -233,27 +227,24 @@ struct Puller<'a> {
 
 /// Reads each block's table from the source (one read at a time, of at most
 /// `TABLE_READ` bytes: there are few) into one buffer, then checks it.
-fn read_tables(link: &mut Link, blocks: &mut [PlanBlock]) -> Result<()> {
+fn read_tables(link: &mut Link, pins: &Pins, blocks: &mut [PlanBlock]) -> Result<()> {
     let len = |b: &PlanBlock| postcopy_table_len(&b.source);
-    let mut buf = PageBuffer::new(blocks.iter().map(len).sum::<u64>() as usize);
-    {
-        // SAFETY: `buf` outlives the registration (dropped at the end of this scope).
-        let mr = unsafe { link.pd.register(buf.ptr(), buf.len(), Access::LOCAL_WRITE)? };
-        let mut at = 0;
-        for b in blocks.iter() {
-            for from in (0..len(b)).step_by(TABLE_READ as usize) {
-                let n = (len(b) - from).min(TABLE_READ);
-                let sge = mr.sge((at + from) as usize, n as u32).expect("inside the buffer");
-                // SAFETY: nothing else uses `buf` until the read completes;
-                // `plan` checked that the source's range does not wrap.
-                unsafe { link.read(sge, b.source.table_addr + from, b.source.table_rkey)? };
-            }
-            at += len(b);
+    let total = blocks.iter().map(len).sum::<u64>() as usize;
+    let mut buf = PinnedBuffer::new(pins, total, "post-copy's tables")?;
+    let mut at = 0;
+    for b in blocks.iter() {
+        for from in (0..len(b)).step_by(TABLE_READ as usize) {
+            let n = (len(b) - from).min(TABLE_READ);
+            let sge = buf.mr().sge((at + from) as usize, n as u32).expect("inside the buffer");
+            // SAFETY: nothing else uses `buf` until the read completes;
+            // `plan` checked that the source's range does not wrap.
+            unsafe { link.read(sge, b.source.table_addr + from, b.source.table_rkey)? };
         }
+        at += len(b);
     }
     let mut at = 0;
     for b in blocks.iter_mut() {
-        let bytes = &buf.bytes_mut()[at as usize..(at + len(b)) as usize];
+        let bytes = &buf.mem().bytes_mut()[at as usize..(at + len(b)) as usize];
         (b.stale, b.regions) = postcopy_table(&b.source, bytes).map_err(|e| protocol(e.to_string()))?;
         at += len(b);
     }
@@ -350,6 +341,7 @@ impl Drop for Blocked {
 /// release of blocked threads) once the failure is reported.
 pub(crate) fn run(
     link: &mut Link,
+    pins: &Pins,
     mut blocks: Vec<PlanBlock>,
     progress: &Progress,
     fetches: &Fetches,
@@ -361,7 +353,7 @@ pub(crate) fn run(
     if host_page as u64 != PAGE {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
     }
-    read_tables(link, &mut blocks)?;
+    read_tables(link, pins, &mut blocks)?;
     let spans = blocks.iter().map(|b| (b.host, b.length)).collect();
     let uffd = blocked.insert(Blocked { uffd: Some(Userfault::new()?), spans }).uffd.as_ref().expect("just opened");
     let total: u64 = blocks.iter().map(|b| b.source.stale_pages).sum();
@@ -378,7 +370,7 @@ pub(crate) fn run(
             i = end;
         }
     }
-    let staging = Staging::new(link)?;
+    let staging = Staging::new(pins)?;
     progress.pages_total.store(total, Ordering::Relaxed);
     progress.pages_remaining.store(total, Ordering::Relaxed);
     progress.set_phase(PostcopyPhase::Running);

@@ -91,7 +91,7 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
             at += len(t) as usize;
         }
         // SAFETY: `tables` outlives its registration (settled below).
-        let mr = unsafe { expose(pins, "the post-copy tables", buf.ptr(), buf.len() as u64)? };
+        let mr = unsafe { expose(pins, "its tables", buf.ptr(), buf.len() as u64)? };
         let mut at = mr.addr();
         for t in &mut blocks {
             t.entry.regions = t.regions.len() as u32;
@@ -205,16 +205,7 @@ fn regions(blocks: &mut [Table]) {
 /// # Safety
 /// The memory stays mapped until the registration is released.
 unsafe fn expose(pins: &Pins, what: &str, addr: *mut u8, len: u64) -> Result<MemoryRegion> {
-    if !pins.fits_after_release(len) {
-        return Err(Error::new(
-            ErrorKind::PinBudget,
-            format!(
-                "post-copy needs {what} ({len} bytes) registered for remote read: {}",
-                pins.over_budget(len).message
-            ),
-        ));
-    }
-    pins.settle_for(len);
+    pins.reserve(len, &format!("post-copy's remote read of {what}"))?;
     // SAFETY: as this function's contract.
     unsafe { pins.register(addr, len, Access::REMOTE_READ) }
 }

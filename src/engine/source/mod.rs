@@ -104,6 +104,9 @@ pub struct Source {
     stop: Arc<AtomicBool>,
     outgoing: Vec<u8>,
     unregistration: Option<Arc<Unregistration>>,
+    /// `postcopy` was called: the guest runs on the destination from then
+    /// on, so no window may write into its RAM any more.
+    postcopy_called: bool,
 }
 
 impl Source {
@@ -140,7 +143,15 @@ impl Source {
             .spawn(move || engine.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
         shared.front.set_consumer(thread.thread().clone());
-        Ok(Source { shared, thread: Some(thread), negotiated, stop, outgoing: Vec::new(), unregistration })
+        Ok(Source {
+            shared,
+            thread: Some(thread),
+            negotiated,
+            stop,
+            outgoing: Vec::new(),
+            unregistration,
+            postcopy_called: false,
+        })
     }
 
     /// What the two sides agreed on (pin-all, rdmamig extensions).
@@ -151,12 +162,14 @@ impl Source {
     /// Opens an iteration window: `save` calls are legal until `iteration_end`.
     /// Stream bytes `put` so far go out first (a QEMU destination must see the
     /// hook marker before any registration message). The first window also
-    /// exchanges the RAM-block lists.
+    /// exchanges the RAM-block lists. `State` if a window is open or
+    /// `postcopy` was called.
     pub fn iteration_begin(&mut self) -> Result<()> {
         self.shared.front.error.check()?;
         if self.shared.front.window_open() {
             return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
         }
+        self.check_no_postcopy()?;
         self.queue_stream(true)?;
         self.shared.front.open_window();
         Ok(())
@@ -292,8 +305,10 @@ impl Source {
     /// (POSTCOPY_DONE), with what it reports. Until then the 2 MiB windows
     /// of the blocks that hold stale pages are registered for remote read
     /// (within the pin budget: refused with `PinBudget` if they do not fit)
-    /// and the memory must stay mapped and unchanged. Then `close` as usual. Runs on
-    /// the caller's thread; the transfer thread does the work.
+    /// and the memory must stay mapped and unchanged. Then `close` as usual:
+    /// from this call on, iteration windows and another post-copy are
+    /// refused (`State`). Runs on the caller's thread; the transfer thread
+    /// does the work.
     pub fn postcopy(&mut self, stale: &[StalePages]) -> Result<PostcopySummary> {
         if !self.negotiated.extensions {
             return Err(Error::new(
@@ -307,12 +322,21 @@ impl Source {
         if self.shared.counters.iterations.load(Ordering::Relaxed) == 0 {
             return Err(Error::new(ErrorKind::State, "post-copy needs a pre-copy window first"));
         }
+        self.check_no_postcopy()?;
         postcopy::source::check(self.shared.front.ram(), stale)?;
         self.flush()?;
+        self.postcopy_called = true;
         let slot = Arc::new(Mutex::new(None));
         self.call(|done| Command::Postcopy(stale.to_vec(), slot.clone(), done))?;
         let summary = slot.lock().take();
         summary.ok_or_else(|| Error::new(ErrorKind::State, "post-copy ended without a summary"))
+    }
+
+    fn check_no_postcopy(&self) -> Result<()> {
+        if self.postcopy_called {
+            return Err(Error::new(ErrorKind::State, "post-copy was started: the guest runs on the destination"));
+        }
+        Ok(())
     }
 
     /// A file descriptor to poll (POLLIN, EPOLLIN) for the connection's
