@@ -23,6 +23,7 @@
 //! waits ([`ErrorKind::WouldBlock`]). The library is silent unless a log hook
 //! is installed ([`set_log_hook`]).
 
+mod bitmap;
 pub mod engine;
 pub mod error;
 pub mod fabric;

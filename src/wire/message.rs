@@ -10,6 +10,7 @@ use super::entry::{
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
 use super::{CONTROL_HEADER_LEN, MAX_PAYLOAD, MAX_REPEAT};
+use crate::bitmap::{self, next_set};
 
 /// A validated received message, borrowing its payload from the receive buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,7 +200,7 @@ pub fn postcopy_table(block: &PostcopyBlock, bytes: &[u8]) -> Result<(Vec<u64>, 
     let (map, table) = bytes.split_at(words * 8);
     let stale: Vec<u64> = map.chunks_exact(8).map(|w| u64::from_be_bytes(w.try_into().expect("8 bytes"))).collect();
     let pages = block.length.div_ceil(POSTCOPY_PAGE_SIZE);
-    let counted: u64 = stale.iter().map(|w| w.count_ones() as u64).sum();
+    let counted = bitmap::count(&stale);
     let past_end = pages % 64 != 0 && stale.last().is_some_and(|w| w >> (pages % 64) != 0);
     if counted != block.stale_pages || past_end {
         return Err(DecodeError::PostcopyBitmap {
@@ -240,20 +241,6 @@ pub fn postcopy_table(block: &PostcopyBlock, bytes: &[u8]) -> Result<(Vec<u64>, 
         from = next;
     }
     Ok((stale, regions))
-}
-
-/// The first set bit of `words` at or after `from`, below `end`, a word at a time.
-pub fn next_set(words: &[u64], from: u64, end: u64) -> Option<u64> {
-    let mut i = from;
-    while i < end {
-        let w = words[(i / 64) as usize] >> (i % 64);
-        if w != 0 {
-            let at = i + w.trailing_zeros() as u64;
-            return (at < end).then_some(at);
-        }
-        i = (i / 64 + 1) * 64;
-    }
-    None
 }
 
 /// Builds one control message (header + payload) in a send buffer.

@@ -43,8 +43,8 @@ pub use header::{
     decode_header, encode_header, AcceptData, AuthChallenge, Capabilities, CommandType, ConnectData, ControlHeader,
 };
 pub use message::{
-    decode_message, next_set, postcopy_bitmap_words, postcopy_table, postcopy_table_len, Entries, Message,
-    MessageWriter, POSTCOPY_PAGE_SIZE,
+    decode_message, postcopy_bitmap_words, postcopy_table, postcopy_table_len, Entries, Message, MessageWriter,
+    POSTCOPY_PAGE_SIZE,
 };
 
 /// Size of the control header.

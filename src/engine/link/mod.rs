@@ -254,7 +254,7 @@ impl Link {
     }
 
     /// Takes one batch of completions without waiting; returns how many.
-    fn reap(&mut self) -> Result<usize> {
+    pub fn reap(&mut self) -> Result<usize> {
         let mut wcs = [WorkCompletion::default(); 16];
         let n = self.cq.poll(&mut wcs)?;
         for wc in &wcs[..n] {

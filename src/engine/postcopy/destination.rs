@@ -22,6 +22,7 @@ use super::installer::{self, Done, Job};
 use super::uffd::{Installed, Userfault};
 use super::wake::{self, EventFd};
 use super::{Fetch, Fetches, PostcopyPhase, Progress};
+use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::pin::{PinnedBuffer, Pins};
@@ -29,8 +30,8 @@ use crate::engine::ram::RamBlocks;
 use crate::engine::validate;
 use crate::verbs::Sge;
 use crate::wire::{
-    next_set, postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, PostcopySummary,
-    POSTCOPY_MAX_REGIONS, POSTCOPY_PAGE_SIZE,
+    postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, PostcopySummary, POSTCOPY_MAX_REGIONS,
+    POSTCOPY_PAGE_SIZE,
 };
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
@@ -58,6 +59,9 @@ const PULL_TRICKLE: Duration = Duration::from_millis(20);
 /// along rather than split in two (a read costs about that much more than
 /// a page on rxe and on hardware NICs alike).
 const MERGE_GAP: u64 = 4;
+/// How long the loop polls for the next fault after serving one, at most
+/// (`spin`): waking the sleeping thread costs 40-100 µs on the rxe guest.
+const SPIN_MAX: Duration = Duration::from_micros(500);
 /// Windows remembered around recent faults.
 const HOT_WINDOWS: usize = 16;
 /// Read tags: pull slot `i` is `i`, fault slot `j` is `FAULT_TAG + j`.
@@ -177,14 +181,6 @@ impl<'a> Staging<'a> {
     }
 }
 
-fn test_bit(words: &[u64], i: u64) -> bool {
-    words[(i / 64) as usize] >> (i % 64) & 1 != 0
-}
-
-fn clear_bit(words: &mut [u64], i: u64) {
-    words[(i / 64) as usize] &= !(1 << (i % 64));
-}
-
 struct Pull {
     block: usize,
     first: u64,
@@ -218,6 +214,10 @@ struct Puller<'a> {
     /// When the last fault was read, and the last pull posted (`post_pulls`).
     last_fault: Option<Instant>,
     last_pull: Option<Instant>,
+    /// When the last fault's page was installed, and how long after that
+    /// the next fault came (the last time one did): how long `spin` polls.
+    last_served: Option<Instant>,
+    refault: Duration,
     /// Pages announced stale (never cleared): a fault on a page outside it is a zero page.
     announced: Vec<Vec<u64>>,
     /// The hypervisor's requests, and those not answered yet.
@@ -362,10 +362,7 @@ pub(crate) fn run(
         let pages = b.length / PAGE;
         let mut i = 0;
         while let Some(first) = next_set(&b.stale, i, pages) {
-            let mut end = first + 1;
-            while end < pages && test_bit(&b.stale, end) {
-                end += 1;
-            }
+            let end = next_clear(&b.stale, first, pages);
             discard(b.host + (first * PAGE) as usize, ((end - first) * PAGE) as usize)?;
             i = end;
         }
@@ -412,6 +409,8 @@ pub(crate) fn run(
             announced,
             last_fault: None,
             last_pull: None,
+            last_served: None,
+            refault: SPIN_MAX,
             fetches,
             pending: Vec::new(),
         };
@@ -449,8 +448,37 @@ impl Puller<'_> {
             if self.remaining == 0 && idle {
                 return Ok(());
             }
+            if self.spin(link)? {
+                continue;
+            }
             link.pump(events, hold.unwrap_or(Duration::from_millis(100)))?;
         }
+    }
+
+    /// After a fault was served, polls for the next fault and for
+    /// completions rather than sleep, when faults follow each other
+    /// closely: up to twice the last time from an install to the next
+    /// fault, if that was under `SPIN_MAX`. A vCPU that faulted often
+    /// faults again soon, and waking the sleeping thread costs about as
+    /// much as the read. It yields the CPU on each pass: with more runnable
+    /// threads than CPUs a busy spin slowed four faulting vCPUs by a fifth.
+    /// (One rxe boot, runs alternating, fault p50 one vCPU / four vCPUs:
+    /// without a spin 404/886, 593/719, 424/1203 µs; this 296/911,
+    /// 377/890, 470/887 µs.) Returns whether anything came.
+    fn spin(&mut self, link: &mut Link) -> Result<bool> {
+        let Some(served) = self.last_served else { return Ok(false) };
+        if self.refault >= SPIN_MAX {
+            return Ok(false);
+        }
+        let until = served + 2 * self.refault;
+        while Instant::now() < until {
+            if self.take_faults()? > 0 || link.reap()? > 0 {
+                return Ok(true);
+            }
+            // The CPU goes to a runnable vCPU thread, if one waits for it.
+            std::thread::yield_now();
+        }
+        Ok(false)
     }
 
     /// The installer's results: frees their slots and counts their pages
@@ -465,8 +493,8 @@ impl Puller<'_> {
             let b = &mut self.blocks[pull.block];
             let mut n = 0;
             for p in pull.first..pull.first + pull.pages {
-                if test_bit(&b.stale, p) {
-                    clear_bit(&mut b.stale, p);
+                if bitmap::test(&b.stale, p) {
+                    bitmap::clear(&mut b.stale, p);
                     n += 1;
                 }
             }
@@ -476,17 +504,20 @@ impl Puller<'_> {
         Ok(())
     }
 
-    /// Reads the fault messages waiting and sorts each fault out.
-    fn take_faults(&mut self) -> Result<()> {
+    /// Reads the fault messages waiting and sorts each fault out; returns how many there were.
+    fn take_faults(&mut self) -> Result<usize> {
         self.addrs.clear();
         self.uffd.read_faults(&mut self.addrs)?;
         for i in 0..self.addrs.len() {
+            if let Some(served) = self.last_served.take() {
+                self.refault = served.elapsed();
+            }
             let addr = self.addrs[i] & !(PAGE - 1);
             let Some(block) = self.block_of(addr) else { continue };
             let page = (addr - self.blocks[block].host as u64) / PAGE;
-            if test_bit(&self.blocks[block].stale, page) {
+            if bitmap::test(&self.blocks[block].stale, page) {
                 self.fault(block, page);
-            } else if test_bit(&self.announced[block], page) {
+            } else if bitmap::test(&self.announced[block], page) {
                 // Installed already: its install woke the waiters; wake late ones too.
                 self.uffd.wake(addr, PAGE)?;
             } else {
@@ -494,7 +525,7 @@ impl Puller<'_> {
                 self.uffd.zero(addr, PAGE)?;
             }
         }
-        Ok(())
+        Ok(self.addrs.len())
     }
 
     /// The post-copy block holding host address `addr`, if one does.
@@ -690,9 +721,10 @@ impl Puller<'_> {
             self.faulting.remove(&(block, page));
             self.progress.bytes_pulled.fetch_add(PAGE, Ordering::Relaxed);
             let at = self.staging.fault_slot(j);
-            if test_bit(&self.blocks[block].stale, page) {
+            if bitmap::test(&self.blocks[block].stale, page) {
                 self.install(block, page, 1, at)?;
                 self.progress.faults_served.fetch_add(1, Ordering::Relaxed);
+                self.last_served = Some(Instant::now());
             } else {
                 self.uffd.wake(self.blocks[block].host as u64 + page * PAGE, PAGE)?;
             }
@@ -710,10 +742,7 @@ impl Puller<'_> {
         let mut runs = Vec::new();
         let mut at = pull.first;
         while let Some(first) = next_set(stale, at, end) {
-            let mut last = first + 1;
-            while last < end && test_bit(stale, last) {
-                last += 1;
-            }
+            let last = next_clear(stale, first, end);
             runs.push((first, last - first));
             at = last;
         }
@@ -755,7 +784,7 @@ impl Puller<'_> {
             self.progress.pages_skipped.fetch_add(n - installed, Ordering::Relaxed);
         }
         for p in first..first + n {
-            clear_bit(&mut b.stale, p);
+            bitmap::clear(&mut b.stale, p);
         }
         self.remaining -= n;
         self.progress.pages_remaining.store(self.remaining, Ordering::Relaxed);

@@ -3,12 +3,12 @@
 //! up the fault QP, send POSTCOPY, wait for POSTCOPY_DONE.
 
 use super::StalePages;
+use crate::bitmap::{self, for_each_run};
 use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::page_buffer::PageBuffer;
 use crate::engine::pin::Pins;
 use crate::engine::ram::RamBlocks;
-use crate::engine::source::front::for_each_run;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{
     postcopy_bitmap_words, postcopy_table_len, CommandType, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
@@ -60,7 +60,7 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
     for s in stale {
         let length = ram.get(s.block)?.length;
         let bitmap = &s.bitmap[..postcopy_bitmap_words(length) as usize];
-        let stale_pages: u64 = bitmap.iter().map(|w| w.count_ones() as u64).sum();
+        let stale_pages: u64 = bitmap::count(bitmap);
         if stale_pages > 0 {
             let entry = PostcopyBlock { block_index: s.block, length, stale_pages, ..PostcopyBlock::default() };
             blocks.push(Table { entry, bitmap, regions: Vec::new() });
@@ -230,7 +230,7 @@ mod tests {
     }
 
     fn table(bitmap: &[u64], pages: u64) -> Table<'_> {
-        let stale_pages = bitmap.iter().map(|w| w.count_ones() as u64).sum();
+        let stale_pages = bitmap::count(bitmap);
         let entry = PostcopyBlock { length: pages * POSTCOPY_PAGE_SIZE, stale_pages, ..PostcopyBlock::default() };
         Table { entry, bitmap, regions: Vec::new() }
     }

@@ -9,11 +9,11 @@ use std::thread;
 use std::time::Instant;
 
 use super::chunks::{ChunkKey, ChunkState};
-use super::front::for_each_run;
 use super::pacing::Pacer;
 use super::sparse::Part;
 use super::staging::Staging;
 use super::{Command, Shared};
+use crate::bitmap::for_each_run;
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::logging;
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
