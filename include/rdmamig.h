@@ -737,11 +737,12 @@ typedef struct rdmamig_stats {
    */
   uint64_t registration_round_trips;
   /**
-   * Bytes of guest memory this side has registered (pinned) now.
+   * Bytes this side has registered (pinned) now, under its pin budget:
+   * guest memory, and its own staging and post-copy buffers.
    */
   uint64_t pinned_bytes;
   /**
-   * The most bytes of guest memory this side had registered at once.
+   * The most bytes this side had registered at once (as `pinned_bytes`).
    */
   uint64_t pinned_bytes_peak;
   /**

@@ -29,6 +29,7 @@ pub(crate) fn next_clear(words: &[u64], from: u64, end: u64) -> u64 {
 
 /// The first bit at or after `from`, below `end`, that `look` makes a one.
 fn next(words: &[u64], from: u64, end: u64, look: impl Fn(u64) -> u64) -> Option<u64> {
+    debug_assert!(from <= end, "{from}..{end}");
     let mut i = from;
     while i < end {
         let w = look(words[(i / 64) as usize]) >> (i % 64);

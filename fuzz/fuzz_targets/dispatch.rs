@@ -240,12 +240,15 @@ fuzz_target!(|data: &[u8]| {
                 }
                 dispatcher.blocks_result()
             }
-            // Post-copy needs the connection (RDMA READs); the plan must lie in the RAM.
+            // Post-copy needs the connection (RDMA READs); the plan must lie
+            // in the RAM. The registrations go, as the service lets them.
             Ok(Step::Postcopy(plan)) => {
                 for b in &plan {
                     let (host, len) = b.span();
                     assert!(arena.ram.blocks().iter().any(|r| r.host == host && r.length == len));
                 }
+                dispatcher.release_all(&mut pins);
+                assert!(pins.live.is_empty(), "registrations left at post-copy: {}", pins.live.len());
                 continue;
             }
             // Connecting the fault QP needs the connection; the decoder checked the numbers.

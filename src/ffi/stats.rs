@@ -49,9 +49,10 @@ pub struct rdmamig_stats {
     /// REGISTER_REQUEST/RESULT round trips (one per message, however many
     /// chunks it carries).
     pub registration_round_trips: u64,
-    /// Bytes of guest memory this side has registered (pinned) now.
+    /// Bytes this side has registered (pinned) now, under its pin budget:
+    /// guest memory, and its own staging and post-copy buffers.
     pub pinned_bytes: u64,
-    /// The most bytes of guest memory this side had registered at once.
+    /// The most bytes this side had registered at once (as `pinned_bytes`).
     pub pinned_bytes_peak: u64,
     /// Control messages sent and received, READY included.
     pub control_messages: u64,

@@ -1,5 +1,5 @@
 //! Pinned memory under a budget: each connection side counts the guest
-//! memory it has registered, refuses or makes room before a registration
+//! memory (and the buffers of its own) it has registered, refuses or makes room before a registration
 //! would pass its budget, and hands registrations it drops to the
 //! unregistration worker. Which registration to drop is the source's call
 //! ([`Lru`]): only it knows which chunks it will write again.
@@ -86,7 +86,7 @@ fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
     )
 }
 
-/// One connection side's registrations of guest memory, counted against its budget.
+/// One connection side's registrations, counted against its budget.
 pub(crate) struct Pins {
     pd: Arc<ProtectionDomain>,
     budget: Option<u64>,
@@ -249,8 +249,9 @@ impl<'a> PinnedBuffer<'a> {
         self.mr.as_ref().expect("registered until dropped")
     }
 
-    pub fn mem(&mut self) -> &mut PageBuffer {
-        &mut self.mem
+    /// The bytes, while no READ into them is in flight.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.mem.bytes_mut()
     }
 
     pub fn ptr(&self) -> *mut u8 {

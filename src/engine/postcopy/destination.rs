@@ -190,7 +190,8 @@ struct Pull {
 struct Puller<'a> {
     blocks: Vec<PlanBlock>,
     uffd: &'a Userfault,
-    staging: Staging<'a>,
+    /// Outlives the installer thread, which reads it (declared before the thread scope).
+    staging: &'a Staging<'a>,
     progress: &'a Progress,
     remaining: u64,
     /// Next page the background pull looks at: (block, page).
@@ -244,7 +245,7 @@ fn read_tables(link: &mut Link, pins: &Pins, blocks: &mut [PlanBlock]) -> Result
     }
     let mut at = 0;
     for b in blocks.iter_mut() {
-        let bytes = &buf.mem().bytes_mut()[at as usize..(at + len(b)) as usize];
+        let bytes = &buf.bytes_mut()[at as usize..(at + len(b)) as usize];
         (b.stale, b.regions) = postcopy_table(&b.source, bytes).map_err(|e| protocol(e.to_string()))?;
         at += len(b);
     }
@@ -391,7 +392,7 @@ pub(crate) fn run(
         let mut p = Puller {
             blocks,
             uffd,
-            staging,
+            staging: &staging,
             progress,
             remaining: total,
             cursor: (0, 0),
@@ -472,6 +473,7 @@ impl Puller<'_> {
         }
         let until = served + 2 * self.refault;
         while Instant::now() < until {
+            link.check_stop("post-copy")?;
             if self.take_faults()? > 0 || link.reap()? > 0 {
                 return Ok(true);
             }
