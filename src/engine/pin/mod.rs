@@ -1,7 +1,7 @@
 //! Pinned memory under a budget: each connection side counts the guest
-//! memory (and the buffers of its own) it has registered, refuses or makes room before a registration
-//! would pass its budget, and hands registrations it drops to the
-//! unregistration worker. Which registration to drop is the source's call
+//! memory (and the buffers of its own) it has registered, refuses or makes
+//! room before a registration would pass its budget, and hands
+//! registrations it drops to the unregistration worker. Which registration to drop is the source's call
 //! ([`Lru`]): only it knows which chunks it will write again.
 
 mod budget;
