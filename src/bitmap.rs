@@ -101,9 +101,8 @@ mod tests {
 
     /// The runs a bit-by-bit walk finds.
     fn slow_runs(bitmap: &[u64], count: u64) -> Vec<(u64, u64)> {
-        let bit = |i: u64| bitmap[(i / 64) as usize] >> (i % 64) & 1 == 1;
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for i in (0..count).filter(|&i| bit(i)) {
+        for i in (0..count).filter(|&i| test(bitmap, i)) {
             match runs.last_mut() {
                 Some((first, len)) if *first + *len == i => *len += 1,
                 _ => runs.push((i, 1)),
