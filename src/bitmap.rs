@@ -8,8 +8,21 @@ pub(crate) fn test(words: &[u64], i: u64) -> bool {
     words[(i / 64) as usize] >> (i % 64) & 1 != 0
 }
 
-pub(crate) fn clear(words: &mut [u64], i: u64) {
-    words[(i / 64) as usize] &= !(1 << (i % 64));
+/// Clears bits `from..end`; returns how many of them were set.
+pub(crate) fn take_range(words: &mut [u64], from: u64, end: u64) -> u64 {
+    debug_assert!(from <= end, "{from}..{end}");
+    let mut taken = 0;
+    let mut i = from;
+    while i < end {
+        let word = (i / 64) as usize;
+        let upto = end.min((i / 64 + 1) * 64);
+        let bits = upto - i;
+        let mask = if bits == 64 { !0 } else { ((1u64 << bits) - 1) << (i % 64) };
+        taken += u64::from((words[word] & mask).count_ones());
+        words[word] &= !mask;
+        i = upto;
+    }
+    taken
 }
 
 /// The set bits.
@@ -163,9 +176,21 @@ mod tests {
                 assert_eq!(next_clear(&words, from, end), clear, "{from}..{end}");
             }
         }
-        let mut w = words;
-        clear(&mut w, 0);
-        clear(&mut w, 255);
-        assert_eq!((count(&words), count(&w)), (16 + 64 + 2, 16 + 64));
+        assert_eq!(count(&words), 16 + 64 + 2);
+    }
+
+    #[test]
+    fn take_range_clears_and_counts_like_a_bit_by_bit_walk() {
+        let words = [0xF0F0_0000_0000_00FFu64, !0, 0, 0x8000_0000_0000_0001];
+        for from in 0..256 {
+            for end in from..=256 {
+                let mut taken = words;
+                let n = take_range(&mut taken, from, end);
+                assert_eq!(n, (from..end).filter(|&i| test(&words, i)).count() as u64, "{from}..{end}");
+                for i in 0..256 {
+                    assert_eq!(test(&taken, i), test(&words, i) && !(from..end).contains(&i), "{from}..{end} bit {i}");
+                }
+            }
+        }
     }
 }

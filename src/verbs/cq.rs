@@ -244,6 +244,11 @@ impl WorkCompletion {
     pub fn is_success(&self) -> bool {
         self.0.status == sys::IBV_WC_SUCCESS
     }
+    /// The work request ran out of transport retries: the remote NIC
+    /// acknowledged none of them (`IBV_WC_RETRY_EXC_ERR`).
+    pub fn is_retry_exceeded(&self) -> bool {
+        self.0.status == sys::IBV_WC_RETRY_EXC_ERR
+    }
     /// `enum ibv_wc_status` (`sys::IBV_WC_*`).
     pub fn status(&self) -> u32 {
         self.0.status

@@ -961,7 +961,8 @@ fn error_in_answer_to_end_is_a_peer_error() {
 /// Two READYs at once, while the source is held: it has one receive
 /// posted, so the second meets none (RNR, retry 0) and kills the
 /// destination's own QP. The source's next SEND, released at once (before
-/// any liveness probe), goes unanswered: it fails, it does not hang.
+/// any liveness probe), goes unanswered: it runs out of retries and fails
+/// as a peer that stopped answering, it does not hang.
 #[test]
 fn second_ready_without_receiving_fails_the_next_send() {
     let mut case = start(&[Call::Hold, Call::Flush]);
@@ -970,7 +971,12 @@ fn second_ready_without_receiving_fails_the_next_send() {
     eprintln!("destination: second READY: {second:?}");
     assert!(second.is_err(), "the second READY found a receive posted");
     case.release_source();
-    case.refused(Call::Flush, ErrorKind::Verbs, &["control SEND failed"], Hears::Disconnect);
+    case.refused(
+        Call::Flush,
+        ErrorKind::Disconnected,
+        &["stopped answering", "control SEND failed"],
+        Hears::Disconnect,
+    );
 }
 
 /// The source's first message waits for a READY that never comes: it times

@@ -15,9 +15,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, Error, ErrorKind, Listener, Read, Source};
+use rdmamig::{Config, Destination, Error, ErrorKind, Listener, PostcopyPhase, Read, Source, StalePages};
 
-use crate::migration::{live_mrs, one_block, open_fds, rdma_ip, GuestRam};
+use crate::migration::{live_mrs, one_block, open_fds, rdma_ip, GuestRam, PAGE};
 
 const MIB: u64 = 1 << 20;
 const LIVENESS: Duration = Duration::from_secs(3);
@@ -31,6 +31,7 @@ const RAM_IDLE: u64 = 16 * MIB;
 const IDLE: Duration = Duration::from_secs(5);
 const PORT_BUSY: u16 = 18_515;
 const PORT_IDLE: u16 = 18_516;
+const PORT_POSTCOPY: u16 = 18_517;
 /// Tolerated time for drop (teardown) and for calls after the failure.
 const PROMPT: Duration = Duration::from_secs(2);
 
@@ -90,6 +91,19 @@ fn baseline(config: &Config) -> (usize, usize) {
 fn assert_released(before: (usize, usize), who: &str) {
     assert_eq!(live_mrs(), before.1, "{who}: memory regions left registered");
     assert_eq!(open_fds(), before.0, "{who}: file descriptors leaked");
+}
+
+/// This process's open userfaultfds.
+fn userfaultfds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .ok()
+                .and_then(|e| std::fs::read_link(e.path()).ok())
+                .is_some_and(|l| l.to_string_lossy() == "anon_inode:[userfaultfd]")
+        })
+        .count()
 }
 
 /// rxe0's network interface.
@@ -361,6 +375,77 @@ fn pair_link_down_while_idle_fails_both_sides() {
             assert_eq!(next, err, "the next call returns the stored error");
             prompt("source: drop", || drop(source));
             barrier("idle-done");
+            assert_released(before, "source");
+            assert_liveness_error("source", &err);
+            assert_in_time("source", delay);
+        }
+    }
+}
+
+/// Post-copy with every page stale (after an empty window): while the
+/// destination pulls (a few seconds for 64 MiB between two TCG guests), the
+/// source guest takes its own link down. No disconnect reaches either side,
+/// so only liveness can end the waits: the destination's (post-copy never
+/// ends) and the source's `postcopy` call (which waits for the destination
+/// to hold every page). Both fail in time and release everything.
+#[test]
+#[ignore = "needs two guests: scripts/rxe-vm.sh --pair (see scripts/rdma-suite.sh)"]
+fn pair_link_down_in_postcopy_fails_both_sides() {
+    let Some(role) = role("pair_link_down_in_postcopy_fails_both_sides") else { return };
+    let config = config();
+    let before = baseline(&config);
+    ping_peer();
+    match role {
+        Role::Destination => {
+            let ram = GuestRam::new(RAM_BUSY, 0);
+            let listener = Listener::bind(&rdma_ip(), PORT_POSTCOPY, &config).expect("listen");
+            barrier("postcopy-listening");
+            let dest = Destination::accept(&listener, &one_block(&ram, RAM_BUSY), Some(Duration::from_secs(60)))
+                .expect("accept");
+            drop(listener);
+            dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).expect("post-copy running");
+            barrier("postcopy-running");
+            // The source guest takes its link down right after this barrier.
+            let down = thread::spawn(|| {
+                barrier("postcopy-down");
+                Instant::now()
+            });
+            let end = dest.wait_postcopy(PostcopyPhase::Done, None);
+            let failed = Instant::now();
+            let down = down.join().expect("barrier postcopy-down");
+            let err = end.expect_err("post-copy ended before the link went down");
+            let delay = detection("destination (wait_postcopy)", &err, down, failed);
+            assert!(dest.postcopy_progress().pages_remaining > 0);
+            prompt("destination: drop", || drop(dest));
+            barrier("postcopy-done");
+            // The userfaultfd stays open, as documented: a missing page of
+            // the failed post-copy must block, never read as zero.
+            assert_eq!(userfaultfds(), 1, "destination: the failed post-copy's userfaultfd is not kept open");
+            assert_released((before.0 + 1, before.1), "destination");
+            assert_liveness_error("destination", &err);
+            assert_in_time("destination", delay);
+        }
+        Role::Source => {
+            let ram = GuestRam::new(RAM_BUSY, 0x5A);
+            barrier("postcopy-listening");
+            let mut source =
+                Source::connect(&peer_ip(), PORT_POSTCOPY, &config, &one_block(&ram, RAM_BUSY)).expect("connect");
+            source.iteration_begin().expect("iteration_begin");
+            source.iteration_end().expect("iteration_end");
+            let bitmap = vec![!0u64; (RAM_BUSY / PAGE / 64) as usize];
+            let postcopy = thread::spawn(move || {
+                let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+                (Instant::now(), r, source)
+            });
+            barrier("postcopy-running");
+            barrier("postcopy-down");
+            let link_down = LinkDown::take();
+            let (failed, r, source) = postcopy.join().expect("the postcopy thread");
+            let err = r.expect_err("post-copy ended although the link went down");
+            let delay = detection("source (postcopy)", &err, link_down.at, failed);
+            drop(link_down);
+            prompt("source: drop", || drop(source));
+            barrier("postcopy-done");
             assert_released(before, "source");
             assert_liveness_error("source", &err);
             assert_in_time("source", delay);

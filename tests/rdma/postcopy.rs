@@ -679,3 +679,75 @@ fn postcopy_source_killed_reports_and_installs_no_wrong_page() {
         served.load(Ordering::Relaxed),
     );
 }
+
+const DEST_CHILD_ENV: &str = "RDMAMIG_POSTCOPY_DESTINATION";
+/// The destination-killed test's block: every page stale, so that the pull
+/// still runs (over a second on rxe) when the kill comes.
+const KILLED_DEST_LEN: u64 = 128 << 20;
+
+/// Runs as a separate process: a destination that reports when post-copy
+/// runs and is killed in it.
+#[test]
+#[ignore = "child process of postcopy_destination_killed_fails_the_source_in_time"]
+fn postcopy_destination_child() {
+    if child_setting(DEST_CHILD_ENV).is_none() {
+        return;
+    }
+    let dst = GuestRam::new(KILLED_DEST_LEN, 0xAA);
+    let (listener, port) = listen(&Config::default());
+    println!("{REPORT}port {port}");
+    let dest =
+        Destination::accept(&listener, &one_block(&dst, KILLED_DEST_LEN), Some(Duration::from_secs(60))).unwrap();
+    dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+    println!("{REPORT}running");
+    // Only returns if the kill came too late: the parent shows this report.
+    let done = dest.wait_postcopy(PostcopyPhase::Done, None);
+    println!("{REPORT}post-copy ended: {done:?}");
+    thread::sleep(Duration::from_secs(120));
+    panic!("the parent test should have killed this process");
+}
+
+/// The destination dies while it pulls: the source's `postcopy` call, which
+/// waits for the destination to hold every page, fails within the liveness
+/// time instead of waiting for ever, and `close` then reports the failure.
+/// (The guest ran on the destination: the hypervisor learns it is lost.)
+#[test]
+fn postcopy_destination_killed_fails_the_source_in_time() {
+    let exe = ChildExe::copy();
+    let src = GuestRam::new(KILLED_DEST_LEN, 0x5C);
+    let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_destination_child", DEST_CHILD_ENV, "1");
+    let report = peer.next(Duration::from_secs(60));
+    let port: u16 = report.strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port report");
+    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, KILLED_DEST_LEN)).unwrap();
+    source.iteration_begin().unwrap();
+    source.save(0, 0, KILLED_DEST_LEN).unwrap();
+    source.iteration_end().unwrap();
+    let bitmap = vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize];
+    let (tx, postcopy) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+        let _ = tx.send((Instant::now(), r, source));
+    });
+    peer.expect("running");
+    let killed = peer.kill();
+    let (returned, r, source) = postcopy
+        .recv_timeout(2 * LIVENESS)
+        .unwrap_or_else(|e| panic!("the source's postcopy still waits {:?} after the kill ({e})", 2 * LIVENESS));
+    let late = peer.rest();
+    let err = match r {
+        Ok(summary) => panic!("post-copy ended before the kill ({summary:?}; child: {late:?})"),
+        Err(e) => e,
+    };
+    let reported = returned.saturating_duration_since(killed);
+    assert!(reported <= LIVENESS, "the source's postcopy failed only {reported:?} after the kill: {err:?}");
+    let stats = source.stats();
+    let closing = Instant::now();
+    let closed = source.close();
+    assert!(closed.is_err(), "close returned {closed:?} after the destination died in post-copy");
+    assert!(closing.elapsed() <= LIVENESS, "close took {:?}", closing.elapsed());
+    eprintln!(
+        "destination killed in post-copy: the source's postcopy failed {reported:?} after the kill: {:?}: {}; \
+         close: {closed:?}; pinned at the failure {} bytes",
+        err.kind, err.message, stats.pinned_bytes
+    );
+}

@@ -280,19 +280,24 @@ impl Link {
             if self.lost.is_some() {
                 return Ok(());
             }
-            if id == WRID_PROBE {
-                return Err(Error::new(
-                    ErrorKind::Disconnected,
-                    format!("the peer stopped answering: liveness probe failed: {} ({})", wc.status_str(), wc.status()),
-                ));
-            }
             let what = match id {
+                WRID_PROBE => "probe".to_string(),
                 WRID_SEND_CONTROL => "control SEND".to_string(),
                 _ if id & WRID_WRITE != 0 => format!("RDMA WRITE #{}", id & !WRID_WRITE),
                 _ if id & WRID_READ != 0 => format!("RDMA READ (post-copy) {:#x}", id & !WRID_READ),
                 _ => "control RECV".to_string(),
             };
-            return Err(Error::new(ErrorKind::Verbs, format!("{what} failed: {} ({})", wc.status_str(), wc.status())));
+            let failed = format!("{what} failed: {} ({})", wc.status_str(), wc.status());
+            // The ACK timeout comes from the liveness time (`setup::set_ack_timeout`):
+            // any work request out of retries, like a failed probe, is a peer that
+            // stopped answering, not a local verbs fault.
+            if id == WRID_PROBE || wc.is_retry_exceeded() {
+                return Err(Error::new(
+                    ErrorKind::Disconnected,
+                    format!("the peer stopped answering (liveness): {failed}"),
+                ));
+            }
+            return Err(Error::new(ErrorKind::Verbs, failed));
         }
         self.last_heard = Instant::now();
         if id == WRID_PROBE {

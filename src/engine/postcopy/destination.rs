@@ -498,18 +498,16 @@ impl Puller<'_> {
             let pull = self.pulls[done.slot].take().ok_or_else(|| stray(done.slot as u64))?;
             self.installing[done.slot] = false;
             self.progress.pages_skipped.fetch_add(skipped, Ordering::Relaxed);
-            let b = &mut self.blocks[pull.block];
-            let mut n = 0;
-            for p in pull.first..pull.first + pull.pages {
-                if bitmap::test(&b.stale, p) {
-                    bitmap::clear(&mut b.stale, p);
-                    n += 1;
-                }
-            }
-            self.remaining -= n;
-            self.progress.pages_remaining.store(self.remaining, Ordering::Relaxed);
+            self.no_longer_stale(pull.block, pull.first, pull.pages);
         }
         Ok(())
+    }
+
+    /// Pages `first..first + n` of `block` are installed: those still
+    /// stale no longer are.
+    fn no_longer_stale(&mut self, block: usize, first: u64, n: u64) {
+        self.remaining -= bitmap::take_range(&mut self.blocks[block].stale, first, first + n);
+        self.progress.pages_remaining.store(self.remaining, Ordering::Relaxed);
     }
 
     /// Reads the fault messages waiting and sorts each fault out; returns how many there were.
@@ -785,18 +783,13 @@ impl Puller<'_> {
     /// UFFDIO_COPY of `n` stale pages from staging offset `at`; pages found
     /// present are skipped. Either way they are no longer stale.
     fn install(&mut self, block: usize, first: u64, n: u64, at: u64) -> Result<()> {
-        let b = &mut self.blocks[block];
-        let dst = b.host as u64 + first * PAGE;
+        let dst = self.blocks[block].host as u64 + first * PAGE;
         // SAFETY: the slot holds the completed read; `dst` lies in a registered block.
         let got = unsafe { self.uffd.copy(dst, self.staging.ptr(at), n * PAGE, PAGE)? };
         if let Installed::Some { installed } = got {
             self.progress.pages_skipped.fetch_add(n - installed, Ordering::Relaxed);
         }
-        for p in first..first + n {
-            bitmap::clear(&mut b.stale, p);
-        }
-        self.remaining -= n;
-        self.progress.pages_remaining.store(self.remaining, Ordering::Relaxed);
+        self.no_longer_stale(block, first, n);
         Ok(())
     }
 }
