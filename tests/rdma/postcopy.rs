@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, Ending, PostcopyPhase, Source, StalePages};
+use rdmamig::{Config, Destination, Ending, ErrorKind, PostcopyPhase, Source, StalePages};
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
 use super::memory::Rss;
@@ -749,5 +749,58 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
         "destination killed in post-copy: the source's postcopy failed {reported:?} after the kill: {:?}: {}; \
          close: {closed:?}; pinned at the failure {} bytes",
         err.kind, err.message, stats.pinned_bytes
+    );
+}
+
+/// The destination's hypervisor gives up during post-copy (`abort`, e.g.
+/// because it must stop the VM): post-copy stops at once on both sides.
+/// The destination's wait fails with `Aborted`, the source's `postcopy`
+/// call fails too (the destination's ERROR, or its disconnect) instead of
+/// waiting for pages that will never be asked for, and `close` is prompt.
+#[test]
+fn postcopy_aborted_by_the_destination_stops_both_sides() {
+    const BOUND: Duration = Duration::from_secs(5);
+    let len = KILLED_DEST_LEN;
+    let src = GuestRam::new(len, 0x5C);
+    let dst = GuestRam::new(len, 0xAA);
+    let config = Config::default();
+    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    source.iteration_begin().unwrap();
+    source.iteration_end().unwrap();
+    let bitmap = vec![!0u64; (len / PAGE / 64) as usize];
+    let (tx, postcopy) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+        let _ = tx.send((Instant::now(), r, source));
+    });
+    dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+    let aborted = Instant::now();
+    dest.abort();
+    let err = dest.wait_postcopy(PostcopyPhase::Done, Some(BOUND)).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
+    let progress = dest.postcopy_progress();
+    assert!(progress.pages_remaining > 0, "post-copy ended before the abort: {progress:?}");
+    let (returned, r, source) = postcopy
+        .recv_timeout(BOUND)
+        .unwrap_or_else(|e| panic!("the source's postcopy still waits {BOUND:?} after the abort ({e})"));
+    let source_err = match r {
+        Ok(summary) => panic!("the source's postcopy succeeded after the destination aborted: {summary:?}"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(source_err.kind, ErrorKind::PeerError | ErrorKind::Disconnected),
+        "the source's postcopy: {source_err}"
+    );
+    let closing = Instant::now();
+    let closed = source.close();
+    assert!(closed.is_err(), "the source's close returned {closed:?}");
+    dest.close();
+    assert!(closing.elapsed() < BOUND, "closing took {:?}", closing.elapsed());
+    eprintln!(
+        "destination aborted in post-copy ({} of {} pages left): the source's postcopy failed {:?} after the \
+         abort: {source_err}",
+        progress.pages_remaining,
+        progress.pages_total,
+        returned.saturating_duration_since(aborted)
     );
 }
