@@ -11,7 +11,8 @@
 //! so those pages stay unallocated or shared. The check is made again in
 //! each iteration window (the guest may have filled the chunk meanwhile).
 
-use super::transfer::{Engine, Piece, REGISTER_BATCH};
+use super::registration::REGISTER_BATCH;
+use super::transfer::{Engine, Piece};
 use crate::engine::pin::{pin_would_copy, Hint};
 use crate::engine::ram::chunk_of;
 use crate::engine::stats::Counters;

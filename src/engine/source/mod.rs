@@ -7,10 +7,11 @@
 mod chunks;
 pub(crate) mod front;
 mod pacing;
+mod registration;
 mod sparse;
 mod staging;
 mod transfer;
-pub(crate) use transfer::REGISTER_BATCH;
+pub(crate) use registration::REGISTER_BATCH;
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

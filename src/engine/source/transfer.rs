@@ -1,6 +1,7 @@
-//! The source's transfer thread: merges saved ranges into writes, registers
-//! chunks on both sides (see `chunks` for the budgets), posts RDMA WRITEs
-//! within in-flight limits and sends the control messages.
+//! The source's transfer thread: merges saved ranges into writes, has their
+//! chunks registered on both sides (`registration` asks the destination,
+//! `chunks` keeps the budgets), posts RDMA WRITEs within in-flight limits
+//! and sends the other control messages.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -10,22 +11,20 @@ use std::time::Instant;
 
 use super::chunks::{ChunkKey, ChunkState};
 use super::pacing::Pacer;
+use super::registration::RUN_AHEAD;
 use super::sparse::Part;
 use super::staging::Staging;
 use super::{Command, Shared};
 use crate::bitmap::for_each_run;
-use crate::engine::link::{protocol_error as protocol, Link};
+use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
 use crate::engine::postcopy;
-use crate::engine::ram::{chunk_of, RamBlock, RamBlocks};
+use crate::engine::ram::{chunk_of, RamBlocks};
 use crate::engine::stats::Counters;
-use crate::engine::validate::MAX_COMPRESS_BYTES;
 use crate::engine::Config;
 use crate::verbs::{Access, MemoryRegion, Sge};
-use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, EndSummary, RegisterRequest, RegisterResult, CHUNK_SIZE,
-};
+use crate::wire::{CommandType, Compress, EndSummary, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 
 /// Writes in flight at most (bytes and work requests): rxe collapses under deep queues.
@@ -35,22 +34,10 @@ const MAX_INFLIGHT_WRITES: usize = 256;
 /// silently. The unsignalled tail therefore always fits under the limits above.
 const SIGNAL_EVERY: u64 = 16;
 const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
-/// Chunks per REGISTER_REQUEST toward an rdmamig peer (one registration
-/// each), and per registration of consecutive chunks toward QEMU (which
-/// answers only a request's first entry).
-pub(crate) const REGISTER_BATCH: usize = 256;
 /// Ranges being merged at once: saves from several hypervisor threads interleave.
 const MERGE_SLOTS: usize = 4;
 /// Staging ring size at most (a quarter of a smaller pin budget, at least a chunk).
 const STAGING: u64 = 8 << 20;
-/// Zero ranges per COMPRESS message toward an rdmamig peer (QEMU applies one).
-const ZERO_BATCH: usize = 1024;
-/// Chunks in the first REGISTER_REQUEST toward an rdmamig peer (see `register_ahead`).
-const FIRST_REQUEST: usize = 64;
-/// How far the transfer thread reads ahead of an outstanding REGISTER
-/// request (chunks to register next, zero ranges to send): beyond this it
-/// waits for the response rather than let its lists grow with the guest.
-const RUN_AHEAD: usize = 1024;
 
 /// A contiguous range within one chunk: one write. (With pin-all a write
 /// could span chunks; 4 MiB writes measured 5-10 % slower than 1 MiB ones
@@ -64,11 +51,11 @@ pub(super) struct Piece {
 
 pub(super) struct BlockState {
     /// The destination's host address of the block start, and its offset in its RAM address space.
-    remote_base: u64,
-    dest_offset: u64,
+    pub remote_base: u64,
+    pub dest_offset: u64,
     /// Pin-all: whole-block keys on both sides.
-    remote_rkey: Option<u32>,
-    local: Option<MemoryRegion>,
+    pub remote_rkey: Option<u32>,
+    pub local: Option<MemoryRegion>,
     pub chunks: Vec<ChunkState>,
 }
 
@@ -77,10 +64,10 @@ pub(super) struct Engine {
     pub ram: RamBlocks,
     pub shared: Arc<Shared>,
     pub blocks: Vec<BlockState>,
-    blocks_exchanged: bool,
+    pub blocks_exchanged: bool,
     pub pins: Pins,
     /// Pin-all registrations under way (started at connect).
-    pin_all: Option<PinAll>,
+    pub pin_all: Option<PinAll>,
     /// Pinned chunks in the order they are unpinned.
     pub lru: Lru<ChunkKey>,
     /// Bytes of chunks registered on the destination (held to the budget it
@@ -93,17 +80,17 @@ pub(super) struct Engine {
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
     /// Zero ranges for the next COMPRESS messages.
-    zeros: Vec<Compress>,
+    pub zeros: Vec<Compress>,
     /// Writes waiting for their chunk's registration, in arrival order.
-    deferred: Vec<Piece>,
+    pub deferred: Vec<Piece>,
     /// Chunks to ask the destination for in the next REGISTER_REQUEST.
-    to_register: Vec<ChunkKey>,
+    pub to_register: Vec<ChunkKey>,
     /// What the REGISTER_REQUEST whose response is still to come asked for
     /// (the link holds the request: `Link::request_pending`): one entry per
     /// registration, a first chunk and how many chunks from it.
-    registering: Vec<(ChunkKey, usize)>,
+    pub registering: Vec<(ChunkKey, usize)>,
     /// Requests sent so far (sizes the next one: `register_ahead`).
-    requests_sent: u32,
+    pub requests_sent: u32,
     /// (sequence, bytes) of posted writes not known to be complete.
     inflight: VecDeque<(u64, u64)>,
     inflight_bytes: u64,
@@ -305,64 +292,6 @@ impl Engine {
         }
     }
 
-    /// RAM_BLOCKS_REQUEST/RESULT, once, before the first RAM goes out.
-    fn exchange_blocks(&mut self) -> Result<()> {
-        if self.blocks_exchanged {
-            return Ok(());
-        }
-        self.blocks_exchanged = true;
-        let pin_all = self.link.negotiated.pin_all;
-        if let Some(job) = self.pin_all.take() {
-            for (mr, state) in job.wait(&self.link.stop)?.into_iter().zip(&mut self.blocks) {
-                state.local = Some(mr);
-            }
-        }
-        let specs: Vec<BlockSpec> = if self.link.negotiated.extensions {
-            self.ram
-                .blocks()
-                .iter()
-                .map(|b| BlockSpec::new(&b.name, b.length))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
-        } else {
-            Vec::new()
-        };
-        // With pin-all the destination registers everything before it answers:
-        // no network wait's timeout then, liveness bounds it.
-        let deadline = (!pin_all).then(|| Instant::now() + self.link.timeout);
-        let theirs: Vec<DestBlock> = self.link.request_by(
-            deadline,
-            CommandType::RamBlocksRequest,
-            |w| specs.iter().try_for_each(|s| w.push(s)),
-            CommandType::RamBlocksResult,
-            |m| m.collect_entries::<DestBlock>().map_err(protocol),
-        )?;
-        Counters::add(&self.shared.counters.registration_round_trips, 1);
-        if theirs.len() != self.ram.len() {
-            return Err(Error::new(
-                ErrorKind::BlockMismatch,
-                format!("RAM blocks mismatch: {} here, {} on the destination", self.ram.len(), theirs.len()),
-            ));
-        }
-        for ((ours, dest), state) in self.ram.blocks().iter().zip(&theirs).zip(&mut self.blocks) {
-            if ours.length != dest.length {
-                return Err(Error::new(
-                    ErrorKind::BlockMismatch,
-                    format!(
-                        "block '{}' has length {:#x} here and {:#x} on the destination",
-                        ours.name, ours.length, dest.length
-                    ),
-                ));
-            }
-            state.remote_base = placed(ours, "address", dest.remote_host_addr)?;
-            state.dest_offset = placed(ours, "offset", dest.offset)?;
-            if pin_all {
-                state.remote_rkey = Some(dest.remote_rkey);
-            }
-        }
-        Ok(())
-    }
-
     fn save(&mut self, block: u32, mut offset: u64, len: u64) -> Result<()> {
         let end = offset + len;
         while offset < end {
@@ -433,225 +362,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Adds a zero range (`offset` in the destination's RAM address space) to
-    /// the next COMPRESS. Sent before any write of its chunk: once a message
-    /// is full, or (while a REGISTER response is still to come and the
-    /// control channel is busy) before the next request.
-    fn queue_zero(&mut self, block: u32, offset: u64, len: u64) -> Result<()> {
-        let entry = Compress { value: 0, block_index: block, offset, length: len };
-        // Merged only toward an rdmamig peer: QEMU takes one range inside one chunk.
-        let merges = self.link.negotiated.extensions;
-        match self.zeros.last_mut() {
-            Some(z)
-                if merges
-                    && z.block_index == entry.block_index
-                    && z.offset + z.length == entry.offset
-                    && z.length + entry.length <= MAX_COMPRESS_BYTES =>
-            {
-                z.length += entry.length
-            }
-            _ => self.zeros.push(entry),
-        }
-        if self.zeros.len() >= self.zero_batch() && !self.link.request_pending() || self.zeros.len() >= RUN_AHEAD {
-            self.send_zeros()?;
-        }
-        Ok(())
-    }
-
-    /// Sends the batched zero ranges, in COMPRESS messages of at most
-    /// `zero_batch` ranges and `MAX_COMPRESS_BYTES` (the destination's bound).
-    fn send_zeros(&mut self) -> Result<()> {
-        if self.zeros.is_empty() {
-            return Ok(());
-        }
-        self.settle_registration()?;
-        let zeros = std::mem::take(&mut self.zeros);
-        let mut rest = &zeros[..];
-        while !rest.is_empty() {
-            let mut bytes = 0;
-            let n = rest
-                .iter()
-                .take(self.zero_batch())
-                .take_while(|z| {
-                    bytes += z.length;
-                    bytes <= MAX_COMPRESS_BYTES
-                })
-                .count()
-                .max(1);
-            let (message, later) = rest.split_at(n);
-            self.link.post_message(CommandType::Compress, |w| message.iter().try_for_each(|z| w.push(z)))?;
-            Counters::add(&self.shared.counters.zero_chunks, n as u64);
-            rest = later;
-        }
-        Ok(())
-    }
-
-    /// Zero ranges per COMPRESS message: QEMU applies only the first.
-    fn zero_batch(&self) -> usize {
-        if self.link.negotiated.extensions {
-            ZERO_BATCH
-        } else {
-            1
-        }
-    }
-
-    /// Registers every awaited chunk on the destination and posts their
-    /// writes, waiting for each response; sends the batched zero ranges
-    /// (those of chunks first touched after the last request went out, too:
-    /// a window must not end without them).
-    fn register_deferred(&mut self) -> Result<()> {
-        loop {
-            self.settle_registration()?;
-            if self.to_register.is_empty() {
-                return self.send_zeros();
-            }
-            self.begin_registration()?;
-        }
-    }
-
-    /// Waits for the outstanding REGISTER response (and any that taking it
-    /// begins), so that another control message may go.
-    fn settle_registration(&mut self) -> Result<()> {
-        while self.link.request_pending() {
-            self.poll_registration(true)?;
-        }
-        Ok(())
-    }
-
-    /// Asks the destination to register the next batch of awaited chunks
-    /// (one per request toward QEMU) without waiting for its answer: writes
-    /// to registered chunks go on meanwhile. Batched zero ranges go first:
-    /// a chunk's COMPRESS must precede its writes.
-    fn begin_registration(&mut self) -> Result<()> {
-        self.send_zeros()?;
-        let registrations = self.next_registrations();
-        if registrations.is_empty() {
-            return Ok(());
-        }
-        let blocks = self.ram.blocks();
-        let bytes = registrations
-            .iter()
-            .map(|&((b, c), n)| {
-                let block = &blocks[b as usize];
-                block.chunk_range(c + n - 1).1 - block.chunk_range(c).0
-            })
-            .sum();
-        self.make_remote_room(bytes)?;
-        let requests: Vec<RegisterRequest> = registrations
-            .iter()
-            .map(|&((b, c), n)| RegisterRequest {
-                key: self.blocks[b as usize].dest_offset + self.ram.blocks()[b as usize].chunk_range(c).0,
-                block_index: b,
-                chunks: n as u64 - 1,
-            })
-            .collect();
-        self.link.begin_request(
-            CommandType::RegisterRequest,
-            |w| requests.iter().try_for_each(|r| w.push(r)),
-            CommandType::RegisterResult,
-        )?;
-        self.registering = registrations;
-        self.requests_sent += 1;
-        Ok(())
-    }
-
-    /// Takes the registrations of the next REGISTER_REQUEST off
-    /// `to_register`, as (first chunk, chunks). Toward an rdmamig peer, one
-    /// chunk each (each is unpinned on its own), up to `register_batch`.
-    /// Toward QEMU, whose destination answers only the first entry of a
-    /// request but registers `chunks` more after an entry's chunk under its
-    /// key: one registration of the run of consecutive chunks at the front,
-    /// up to `chunks_per_response`.
-    fn next_registrations(&mut self) -> Vec<(ChunkKey, usize)> {
-        if self.link.negotiated.extensions {
-            let take = self.to_register.len().min(self.register_batch());
-            return self.to_register.drain(..take).map(|key| (key, 1)).collect();
-        }
-        let Some(&(block, first)) = self.to_register.first() else { return Vec::new() };
-        let run = self
-            .to_register
-            .iter()
-            .take(self.chunks_per_response())
-            .enumerate()
-            .take_while(|&(i, &(b, c))| b == block && c == first + i)
-            .count();
-        self.to_register.drain(..run);
-        vec![((block, first), run)]
-    }
-
-    /// Chunks to collect before a request goes out while the link is busy:
-    /// a quarter of a batch at first, then doubling per request to a full
-    /// batch (few round trips per GiB). Doubling keeps each request's
-    /// registration shorter than the writes its predecessor allows, so the
-    /// link never waits for it: 16 → 64 → 256 (fourfold from a small first
-    /// request) measured 0.81-0.84 of ib_write_bw against 0.88 with the same
-    /// round trips per 256 MiB (one rxe boot, 3 runs each).
-    fn register_ahead(&self) -> usize {
-        let ramp = FIRST_REQUEST << self.requests_sent.min(8);
-        ramp.min(self.register_batch())
-    }
-
-    /// Takes the outstanding REGISTER response if it has come (`wait`: waits
-    /// for it), begins the next request, and posts the writes it allows;
-    /// returns whether it took one.
-    fn poll_registration(&mut self, wait: bool) -> Result<bool> {
-        if !self.link.request_pending() {
-            return Ok(false);
-        }
-        let parse = |m: &crate::wire::Message| m.collect_entries::<RegisterResult>().map_err(protocol);
-        let results = if wait {
-            self.link.finish_request(parse)?
-        } else {
-            match self.link.poll_response(parse)? {
-                Some(r) => r,
-                None => return Ok(false),
-            }
-        };
-        let registrations = std::mem::take(&mut self.registering);
-        if results.len() != registrations.len() {
-            return Err(Error::new(
-                ErrorKind::Protocol,
-                format!(
-                    "asked to register {} runs of chunks, the destination answered {}",
-                    registrations.len(),
-                    results.len()
-                ),
-            ));
-        }
-        self.retire_completed();
-        let chunks: Vec<ChunkKey> =
-            registrations.iter().flat_map(|&((b, c), n)| (c..c + n).map(move |c| (b, c))).collect();
-        Counters::add(&self.shared.counters.registration_round_trips, 1);
-        Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
-        for (&((b, c), n), r) in registrations.iter().zip(&results) {
-            self.blocks[b as usize].remote_base = placed(&self.ram.blocks()[b as usize], "address", r.host_addr)?;
-            for c in c..c + n {
-                self.registered_remotely((b, c), r.rkey);
-            }
-        }
-        // The next request goes out before these writes, so the destination
-        // registers while they stream: a full one, or what is waiting once no
-        // save is queued (nothing more would come before the link runs dry).
-        let nothing_queued = !self.to_register.is_empty() && self.shared.front.is_empty();
-        if self.to_register.len() >= self.register_ahead() || nothing_queued {
-            self.begin_registration()?;
-        }
-        let (ready, waiting): (Vec<Piece>, Vec<Piece>) = std::mem::take(&mut self.deferred)
-            .into_iter()
-            .partition(|p| self.blocks[p.block as usize].chunks[chunk_of(p.offset)].remote_rkey.is_some());
-        self.deferred = waiting;
-        for p in ready {
-            self.write(p)?;
-        }
-        for &(b, c) in &chunks {
-            self.blocks[b as usize].chunks[c].awaiting = false;
-        }
-        Ok(true)
-    }
-
     /// Posts one RDMA WRITE, registering the local chunk if needed (or
     /// staging its bytes when the chunk is not to be pinned).
-    fn write(&mut self, p: Piece) -> Result<()> {
+    pub(super) fn write(&mut self, p: Piece) -> Result<()> {
         self.pace(p.len)?;
         self.make_room(p.len)?;
         let state = &self.blocks[p.block as usize];
@@ -734,7 +447,7 @@ impl Engine {
     }
 
     /// Forgets writes known to be complete.
-    fn retire_completed(&mut self) {
+    pub(super) fn retire_completed(&mut self) {
         let done = self.link.writes_completed();
         if let Some(staging) = &mut self.staging {
             staging.retire(done);
@@ -762,21 +475,5 @@ impl Engine {
                 _ => return Ok(()),
             }
         }
-    }
-}
-
-/// Where the destination placed `block` (its `what`, address or offset),
-/// refused if the block's bytes from there would wrap around (a hostile
-/// destination's numbers: every write address is computed from it).
-fn placed(block: &RamBlock, what: &str, at: u64) -> Result<u64> {
-    match at.checked_add(block.length) {
-        Some(_) => Ok(at),
-        None => Err(Error::new(
-            ErrorKind::Protocol,
-            format!(
-                "the destination placed block '{}' at {what} {at:#x}: its {:#x} bytes wrap around",
-                block.name, block.length
-            ),
-        )),
     }
 }
