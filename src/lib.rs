@@ -46,7 +46,7 @@ pub use error::{Error, ErrorKind, Result};
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
-    pub use crate::engine::postcopy::destination::PlanBlock;
+    pub use crate::engine::postcopy::plan::PlanBlock;
 }
 
 /// What the save-path benchmark (`examples/save_path.rs`) drives directly,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::engine::link::protocol_error;
-use crate::engine::postcopy::{self, destination::PlanBlock};
+use crate::engine::postcopy::{self, plan::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{is_zero, validate, Ending, Event};
@@ -243,7 +243,7 @@ impl<R: Registrar> Dispatcher<R> {
                 Step::Applied
             }
             CommandType::Postcopy if self.extensions && self.blocks_exchanged && !self.in_window => {
-                let plan = postcopy::destination::plan(m, &self.order, &self.ram)?;
+                let plan = postcopy::plan::plan(m, &self.order, &self.ram)?;
                 self.postcopy = true;
                 Step::Postcopy(plan)
             }

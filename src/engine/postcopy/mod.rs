@@ -17,7 +17,7 @@
 //!
 //! The destination's service thread takes the POSTCOPY message and becomes
 //! the post-copy thread (`destination`): it reads and checks the tables
-//! (`wire::postcopy_table`), then opens a userfaultfd
+//! (`plan`, `wire::postcopy_table`), then opens a userfaultfd
 //! itself, registers the blocks with stale pages in MISSING mode and drops the
 //! stale pages (`MADV_REMOVE` from shared memory, `MADV_DONTNEED` from private
 //! anonymous memory), so the next touch of one faults. Then the
@@ -55,6 +55,7 @@
 
 pub(crate) mod destination;
 mod installer;
+pub(crate) mod plan;
 pub(crate) mod source;
 mod uffd;
 mod wake;
