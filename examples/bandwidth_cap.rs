@@ -55,7 +55,7 @@ fn main() {
     let listener = Listener::bind(&ip, 0, &Config::default()).expect("listen");
     let port = listener.port();
     let dest = thread::spawn(move || Destination::accept(&listener, &dst_ram, Some(Duration::from_secs(30))).unwrap());
-    let mut source = Source::connect(&ip, port, &Config::default(), &src_ram).expect("connect");
+    let source = Source::connect(&ip, port, &Config::default(), &src_ram).expect("connect");
     let dest = dest.join().unwrap();
 
     let whole: Vec<SaveRange> = (0..mib).map(|i| SaveRange { block: 0, offset: i * MIB, len: MIB }).collect();

@@ -639,7 +639,7 @@ fn rdmamig_migrate(dir: &Path, content: &Content, extensions: bool, pin_all: boo
         let file_before = allocated(&src_file);
         let cpu_before = process_cpu();
         let start = Instant::now();
-        let mut source = Source::connect(&ip(), port, &config, &registry).map_err(e("connect"))?;
+        let source = Source::connect(&ip(), port, &config, &registry).map_err(e("connect"))?;
         let connected = start.elapsed().as_secs_f64();
         source.iteration_begin().map_err(e("iteration_begin"))?;
         for page in 0..content.pages() {

@@ -260,7 +260,7 @@ fn run_postcopy(len: u64, layout: Layout, vcpus: Option<Vcpus>, dump: Option<(&s
     let accept = thread::spawn(move || Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(60))));
     let source = Source::connect(&ip(), port, &config, &src.registry()).map_err(|e| format!("connect: {e}"));
     let dest = accept.join().map_err(|_| "the accepting thread panicked")?.map_err(|e| format!("accept: {e}"))?;
-    let mut source = source?;
+    let source = source?;
 
     // The pre-copy window: the pages that are not stale (none when dense).
     source.iteration_begin().map_err(|e| format!("iteration_begin: {e}"))?;

@@ -130,7 +130,7 @@ fn migrate(args: &Args, src: &Ram, dst: &Ram, worker: bool, seed: u64) {
     let port = listener.port();
     let dst_ram = dst.registry();
     let accept = thread::spawn(move || Destination::accept(&listener, &dst_ram, Some(WAIT)).expect("accept"));
-    let mut source = Source::connect(&ip, port, &src_config, &src.registry()).expect("connect");
+    let source = Source::connect(&ip, port, &src_config, &src.registry()).expect("connect");
     let dest = accept.join().unwrap();
 
     // Window 1: the whole guest.

@@ -112,7 +112,7 @@ fn device_state() -> Vec<u8> {
 
 fn source(mem: &GuestMemoryMmap<AtomicBitmap>, ram: &RamBlocks, ip: &str, port: u16) -> Result<Ending, String> {
     let e = |what: &'static str| move |err: rdmamig::Error| format!("source: {what}: {err}");
-    let mut source = Source::connect(ip, port, &Config::default(), ram).map_err(e("connect"))?;
+    let source = Source::connect(ip, port, &Config::default(), ram).map_err(e("connect"))?;
     let mut rng = 0x5eed_u64;
     for round in 0..=LIVE_ROUNDS {
         source.iteration_begin().map_err(e("iteration_begin"))?;

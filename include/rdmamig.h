@@ -411,8 +411,10 @@ typedef struct rdmamig_config rdmamig_config;
  * `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
  * `rdmamig_conn_error_message`) may run at the same
  * time, from any threads. Every other function, and the callbacks of
- * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
- * may run on the same connection at the same time. The library's own thread
+ * `rdmamig_conn_stream_ops`, needs exclusive use of the handle: of them
+ * and `rdmamig_conn_save`, one at a time, while the other `const` calls
+ * (`rdmamig_conn_abort` among them) may run; `rdmamig_conn_close` and
+ * `rdmamig_conn_free` need the handle to themselves. The library's own thread
  * (one per connection) makes progress without the hypervisor and calls
  * nothing back (but the log callback, `rdmamig_set_log_callback`).
  */
@@ -1122,7 +1124,8 @@ rdmamig_status rdmamig_conn_negotiated(const struct rdmamig_conn *conn,
  * or post-copy was called.
  *
  * Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
- * be running).
+ * be running), but for the other `const` calls (`rdmamig_conn_abort` among
+ * them), which may run meanwhile.
  */
 rdmamig_status rdmamig_conn_iteration_begin(struct rdmamig_conn *conn);
 
@@ -1239,14 +1242,16 @@ rdmamig_status rdmamig_conn_iteration_end(struct rdmamig_conn *conn);
  * bytes are copied; they go out in pieces as they accumulate, the rest with
  * `rdmamig_conn_flush`. `data` may be NULL when `len` is 0.
  *
- * Thread safety: needs exclusive use of `conn`.
+ * Thread safety: needs exclusive use of `conn`, but for the `const` calls
+ * (`rdmamig_conn_abort` among them), which may run meanwhile.
  */
 rdmamig_status rdmamig_conn_put(struct rdmamig_conn *conn, const void *data, size_t len);
 
 /**
  * Source: sends every stream byte put so far and waits until it is out.
  *
- * Thread safety: needs exclusive use of `conn`.
+ * Thread safety: needs exclusive use of `conn`, but for the `const` calls
+ * (`rdmamig_conn_abort` among them), which may run meanwhile.
  */
 rdmamig_status rdmamig_conn_flush(struct rdmamig_conn *conn);
 
@@ -1366,7 +1371,8 @@ rdmamig_status rdmamig_conn_wait_end(const struct rdmamig_conn *conn, uint32_t t
  * `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
  *
  * Thread safety: may be called from any thread, while other calls on `conn`
- * are running (that is what it is for).
+ * are running (that is what it is for), except `rdmamig_conn_close` and
+ * `rdmamig_conn_free`, which need the handle to themselves.
  */
 rdmamig_status rdmamig_conn_abort(const struct rdmamig_conn *conn);
 

@@ -82,13 +82,6 @@ impl Connection {
         }
     }
 
-    pub fn as_source_mut(&mut self, call: &str) -> Result<&mut Source> {
-        match &mut self.role {
-            Role::Source(s) => Ok(s),
-            other => Err(other.wrong(call, "source")),
-        }
-    }
-
     pub fn as_destination(&self, call: &str) -> Result<&Destination> {
         match &self.role {
             Role::Destination(d) => Ok(d),
@@ -200,7 +193,7 @@ mod tests {
                 (ErrorKind::State, "f: the connection is closed; only rdmamig_conn_free is valid")
             );
         }
-        assert_eq!(c.as_source_mut("g").err().map(|e| e.kind), Some(ErrorKind::State));
+        assert_eq!(c.as_source("g").err().map(|e| e.kind), Some(ErrorKind::State));
         assert_eq!(c.close("h").err().map(|e| e.kind), Some(ErrorKind::State));
         assert_eq!(c.error_message(), None);
         c.set_last_error("h: no");

@@ -37,8 +37,10 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
 /// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
-/// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: nothing else
-/// may run on the same connection at the same time. The library's own thread
+/// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: of them
+/// and `rdmamig_conn_save`, one at a time, while the other `const` calls
+/// (`rdmamig_conn_abort` among them) may run; `rdmamig_conn_close` and
+/// `rdmamig_conn_free` need the handle to themselves. The library's own thread
 /// (one per connection) makes progress without the hypervisor and calls
 /// nothing back (but the log callback, `rdmamig_set_log_callback`).
 pub struct rdmamig_conn {
@@ -229,12 +231,13 @@ pub extern "C" fn rdmamig_conn_negotiated(
 /// or post-copy was called.
 ///
 /// Thread safety: needs exclusive use of `conn` (no `rdmamig_conn_save` may
-/// be running).
+/// be running), but for the other `const` calls (`rdmamig_conn_abort` among
+/// them), which may run meanwhile.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_iteration_begin(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_iteration_begin";
-        run_mut(conn, F, |c| Ok(c.as_source_mut(F)?.iteration_begin()?))
+        run(conn, F, |c| Ok(c.as_source(F)?.iteration_begin()?))
     }
 }
 
@@ -435,26 +438,28 @@ pub extern "C" fn rdmamig_conn_iteration_end(conn: *mut rdmamig_conn) -> rdmamig
 /// bytes are copied; they go out in pieces as they accumulate, the rest with
 /// `rdmamig_conn_flush`. `data` may be NULL when `len` is 0.
 ///
-/// Thread safety: needs exclusive use of `conn`.
+/// Thread safety: needs exclusive use of `conn`, but for the `const` calls
+/// (`rdmamig_conn_abort` among them), which may run meanwhile.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_put(conn: *mut rdmamig_conn, data: *const c_void, len: usize) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_put";
-        run_mut(conn, F, |c| {
+        run(conn, F, |c| {
             let data = bytes(data.cast::<u8>(), len, F, "data")?;
-            Ok(c.as_source_mut(F)?.put(data)?)
+            Ok(c.as_source(F)?.put(data)?)
         })
     }
 }
 
 /// Source: sends every stream byte put so far and waits until it is out.
 ///
-/// Thread safety: needs exclusive use of `conn`.
+/// Thread safety: needs exclusive use of `conn`, but for the `const` calls
+/// (`rdmamig_conn_abort` among them), which may run meanwhile.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_flush(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_flush";
-        run_mut(conn, F, |c| Ok(c.as_source_mut(F)?.flush()?))
+        run(conn, F, |c| Ok(c.as_source(F)?.flush()?))
     }
 }
 
@@ -617,7 +622,8 @@ pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u
 /// `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
 ///
 /// Thread safety: may be called from any thread, while other calls on `conn`
-/// are running (that is what it is for).
+/// are running (that is what it is for), except `rdmamig_conn_close` and
+/// `rdmamig_conn_free`, which need the handle to themselves.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_abort(conn: *const rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {

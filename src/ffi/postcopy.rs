@@ -6,7 +6,7 @@
 use std::mem::{offset_of, size_of};
 use std::ptr::{addr_of, addr_of_mut};
 
-use super::conn::{rdmamig_conn, run, run_mut};
+use super::conn::{rdmamig_conn, run};
 use super::event::wait_of;
 use super::last_error::{items, opt_out, Failure};
 use super::status::rdmamig_status;
@@ -173,7 +173,7 @@ pub extern "C" fn rdmamig_conn_postcopy(
 ) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_postcopy";
-        run_mut(conn, F, |c| {
+        run(conn, F, |c| {
             let blocks = items(blocks, n_blocks, F, "blocks")?;
             let mut stale = Vec::with_capacity(blocks.len());
             for (i, b) in blocks.iter().enumerate() {
@@ -183,7 +183,7 @@ pub extern "C" fn rdmamig_conn_postcopy(
                 let bitmap = items(b.bitmap, b.bitmap_words, F, &format!("blocks[{i}].bitmap"))?;
                 stale.push(StalePages { block: b.block, bitmap: bitmap.to_vec() });
             }
-            let summary = c.as_source_mut(F)?.postcopy(&stale)?;
+            let summary = c.as_source(F)?.postcopy(&stale)?;
             if let Some(o) = opt_out(out) {
                 *o = rdmamig_postcopy_summary { pages: summary.pages, faults: summary.faults, bytes: summary.bytes };
             }

@@ -4,8 +4,8 @@ use std::os::raw::{c_int, c_void};
 
 use libc::{iovec, ssize_t};
 
-use super::conn::{keep, rdmamig_conn, run_mut};
-use super::last_error::{bytes, bytes_mut, handle_mut, items, out_ref, Failure};
+use super::conn::{keep, rdmamig_conn, run};
+use super::last_error::{bytes, bytes_mut, handle, items, out_ref, Failure};
 use super::status::rdmamig_status;
 use crate::engine::{Connection, Read};
 
@@ -67,7 +67,7 @@ pub extern "C" fn rdmamig_conn_stream_ops(conn: *mut rdmamig_conn, out: *mut rdm
     ffi_boundary! {
         const F: &str = "rdmamig_conn_stream_ops";
         let opaque = conn.cast::<c_void>();
-        run_mut(conn, F, |c| {
+        run(conn, F, |c| {
             let out = out_ref(out, F, "out")?;
             c.check_open(F)?;
             let source = c.is_source();
@@ -96,9 +96,9 @@ fn guard<R>(failed: R, body: impl FnOnce() -> R + std::panic::UnwindSafe) -> R {
 fn with_conn(
     opaque: *mut c_void,
     func: &str,
-    body: impl FnOnce(&mut Connection) -> Result<(), Failure>,
+    body: impl FnOnce(&Connection) -> Result<(), Failure>,
 ) -> Result<(), ssize_t> {
-    let conn = match handle_mut(opaque.cast::<rdmamig_conn>(), func, "opaque") {
+    let conn = match handle(opaque.cast::<rdmamig_conn>().cast_const(), func, "opaque") {
         Ok(c) => c,
         Err(f) => {
             f.record();
@@ -138,7 +138,7 @@ unsafe extern "C" fn stream_put_buffer(opaque: *mut c_void, buf: *const u8, _pos
                 return Err(Failure::invalid(format!("{F}: size {size} does not fit in ssize_t")));
             }
             let data = bytes(buf, size, F, "buf")?;
-            Ok(c.as_source_mut(F)?.put(data)?)
+            Ok(c.as_source(F)?.put(data)?)
         });
         r.map_or_else(|e| e, |()| size as ssize_t)
     })
@@ -161,7 +161,7 @@ unsafe extern "C" fn stream_writev_buffer(opaque: *mut c_void, iov: *const iovec
                 .iter()
                 .try_fold(0 as ssize_t, |t, p| t.checked_add(ssize_t::try_from(p.len()).ok()?))
                 .ok_or_else(|| Failure::invalid(format!("{F}: the total length does not fit in ssize_t")))?;
-            let source = c.as_source_mut(F)?;
+            let source = c.as_source(F)?;
             for piece in pieces {
                 source.put(piece)?;
             }
@@ -176,7 +176,7 @@ unsafe extern "C" fn stream_close(opaque: *mut c_void) -> c_int {
         const F: &str = "rdmamig_stream_ops.close";
         let r = with_conn(opaque, F, |c| {
             if c.is_source() {
-                c.as_source_mut(F)?.flush()?;
+                c.as_source(F)?.flush()?;
             } else {
                 c.as_destination(F)?;
             }

@@ -68,7 +68,7 @@ fn source_call_fails_fast_when_destination_is_killed() {
         thread::sleep(Duration::from_millis(50));
     };
 
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, RAM)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, RAM)).unwrap();
     assert!(live_mrs() > mrs_before, "the connection registered no memory region");
     let mut child = child.0.take().unwrap();
     let killer = thread::spawn(move || {

@@ -40,8 +40,7 @@ fn batch_saves_migrate_byte_identical(config: Config) {
     let layout = Layout::standard();
     let src_ram = Arc::new(layout.source_ram(5));
     let dst_ram = layout.dest_ram();
-    let (mut source, dest) =
-        connect(&layout.registry(&src_ram, 1 << 40), &config, layout.registry(&dst_ram, 0), &config);
+    let (source, dest) = connect(&layout.registry(&src_ram, 1 << 40), &config, layout.registry(&dst_ram, 0), &config);
 
     // Refused outside a window, and with nothing queued when one range is bad.
     let whole: Vec<SaveRange> =

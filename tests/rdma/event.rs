@@ -34,7 +34,7 @@ fn destination_event_fd_is_readable_exactly_while_there_is_something_to_take() {
     }
     let dst_ram = GuestRam::new(8 * MIB, 0xAA);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src_ram, 8 * MIB), &config, one_block(&dst_ram, 8 * MIB), &config);
+    let (source, dest) = connect(&one_block(&src_ram, 8 * MIB), &config, one_block(&dst_ram, 8 * MIB), &config);
     let fd = dest.event_fd();
     assert_eq!(fd.as_raw_fd(), dest.event_fd().as_raw_fd(), "the same fd every time");
 
@@ -153,7 +153,7 @@ fn log_hook_sees_connect_accept_windows_and_the_end() {
     let src_ram = GuestRam::new(4 * MIB, 3);
     let dst_ram = GuestRam::new(4 * MIB, 0);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src_ram, 4 * MIB), &config, one_block(&dst_ram, 4 * MIB), &config);
+    let (source, dest) = connect(&one_block(&src_ram, 4 * MIB), &config, one_block(&dst_ram, 4 * MIB), &config);
     for _ in 0..2 {
         source.iteration_begin().unwrap();
         source.save(0, 0, 4 * MIB).unwrap();
@@ -198,7 +198,7 @@ fn listener_event_fd_says_when_accepting_will_not_wait() {
     assert!(readable(fd, SOON), "a connection request did not make the listener's fd readable");
     let dest =
         Destination::accept(&listener, &one_block(&dst_ram, 4 * MIB), ZERO).expect("accept with a request waiting");
-    let mut source = source.join().unwrap().expect("connect");
+    let source = source.join().unwrap().expect("connect");
     assert!(!readable(listener.event_fd(), 0), "still readable after the request was taken");
     source.iteration_begin().unwrap();
     source.save(0, 0, 4 * MIB).unwrap();

@@ -237,8 +237,7 @@ fn pair_link_down_mid_transfer_fails_both_sides() {
         Role::Source => {
             let ram = GuestRam::new(RAM_BUSY, 0x5A);
             barrier("busy-listening");
-            let mut source =
-                Source::connect(&peer_ip(), PORT_BUSY, &config, &one_block(&ram, RAM_BUSY)).expect("connect");
+            let source = Source::connect(&peer_ip(), PORT_BUSY, &config, &one_block(&ram, RAM_BUSY)).expect("connect");
             barrier("busy-connected");
             let (tx, rx) = mpsc::channel();
             let mut link_down: Option<LinkDown> = None;
@@ -348,8 +347,7 @@ fn pair_link_down_while_idle_fails_both_sides() {
         Role::Source => {
             let ram = GuestRam::new(RAM_IDLE, 0x5A);
             barrier("idle-listening");
-            let mut source =
-                Source::connect(&peer_ip(), PORT_IDLE, &config, &one_block(&ram, RAM_IDLE)).expect("connect");
+            let source = Source::connect(&peer_ip(), PORT_IDLE, &config, &one_block(&ram, RAM_IDLE)).expect("connect");
             barrier("idle-connected");
             source.iteration_begin().unwrap();
             source.save(0, 0, RAM_IDLE).unwrap();
@@ -428,7 +426,7 @@ fn pair_link_down_in_postcopy_fails_both_sides() {
         Role::Source => {
             let ram = GuestRam::new(RAM_BUSY, 0x5A);
             barrier("postcopy-listening");
-            let mut source =
+            let source =
                 Source::connect(&peer_ip(), PORT_POSTCOPY, &config, &one_block(&ram, RAM_BUSY)).expect("connect");
             source.iteration_begin().expect("iteration_begin");
             source.iteration_end().expect("iteration_end");

@@ -632,8 +632,7 @@ fn abort_mid_transfer(side: Side) {
     let src_ram = layout.source_ram(61);
     let dst_ram = layout.dest_ram();
     let config = Config::default();
-    let (mut source, dest) =
-        connect_on(&listener, &layout.registry(&src_ram, 0), &config, &layout.registry(&dst_ram, 0));
+    let (source, dest) = connect_on(&listener, &layout.registry(&src_ram, 0), &config, &layout.registry(&dst_ram, 0));
     source.iteration_begin().unwrap();
     save_pages(&source, &all_pages(&layout));
     let in_end = AtomicBool::new(false);
@@ -806,8 +805,7 @@ fn four_savers(pin_all: bool) {
     let src_ram = layout.source_ram(71);
     let dst_ram = layout.dest_ram();
     let config = Config { pin_all, ..Config::default() };
-    let (mut source, dest) =
-        connect(&layout.registry(&src_ram, 1 << 40), &config, layout.registry(&dst_ram, 0), &config);
+    let (source, dest) = connect(&layout.registry(&src_ram, 1 << 40), &config, layout.registry(&dst_ram, 0), &config);
     assert_eq!(source.negotiated().pin_all, pin_all);
     let start = Instant::now();
     for window in 1..=2u64 {

@@ -188,7 +188,7 @@ fn untouched_source_child() {
     }
     let after_touch = Rss::now();
 
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, HALF_TOUCHED)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, HALF_TOUCHED)).unwrap();
     let start = Instant::now();
     source.iteration_begin().unwrap();
     source.save(0, 0, HALF_TOUCHED).unwrap();
@@ -294,7 +294,7 @@ fn a_page_pinned_untouched_reaches_the_destination_after_the_guest_writes_it() {
     no_huge_pages(&src, LEN);
     let dst = GuestRam::new(LEN, 0xAA);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src, LEN), &config, one_block(&dst, LEN), &config);
+    let (source, dest) = connect(&one_block(&src, LEN), &config, one_block(&dst, LEN), &config);
 
     for c in 0..CHUNKS {
         fill_page(&src, c * CHUNK_PAGES + FIRST, 1);
@@ -428,7 +428,7 @@ fn a_forked_child_writing_registered_memory_does_not_change_what_is_sent() {
     };
     fill(1);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src, LEN), &config, one_block(&dst, LEN), &config);
+    let (source, dest) = connect(&one_block(&src, LEN), &config, one_block(&dst, LEN), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, REGISTERED).unwrap();
     source.iteration_end().unwrap();

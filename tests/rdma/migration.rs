@@ -394,7 +394,7 @@ fn stream_of_10_mib_in_odd_pieces_interleaved_with_windows() {
     let src_ram = layout.source_ram(5);
     let dst_ram = layout.dest_ram();
     let config = Config::default();
-    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    let (source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
     let dest = Arc::new(dest);
 
     const TOTAL: usize = 10 << 20;
@@ -445,7 +445,7 @@ fn block_mismatch(source_layout: Layout, dest_layout: Layout, expect: &[&str]) {
     let src_ram = source_layout.source_ram(3);
     let dst_ram = dest_layout.dest_ram();
     let config = Config::default();
-    let (mut source, dest) =
+    let (source, dest) =
         connect(&source_layout.registry(&src_ram, 0), &config, dest_layout.registry(&dst_ram, 0), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, MIB).unwrap();
@@ -495,7 +495,7 @@ fn source_abort_reaches_the_destination_as_a_peer_error() {
     let src_ram = layout.source_ram(4);
     let dst_ram = layout.dest_ram();
     let config = Config::default();
-    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    let (source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, 8 * MIB).unwrap();
     source.iteration_end().unwrap();
@@ -524,7 +524,7 @@ fn ipv6_addresses_and_host_names_connect() {
         let dest = thread::spawn(move || {
             Destination::accept(&listener, &dst_registry, Some(Duration::from_secs(30))).unwrap()
         });
-        let mut source = Source::connect(addr, port, &config, &layout.registry(&src_ram, 0))
+        let source = Source::connect(addr, port, &config, &layout.registry(&src_ram, 0))
             .unwrap_or_else(|e| panic!("connect to [{addr}]:{port}: {e}"));
         let dest = dest.join().unwrap();
         source.iteration_begin().unwrap();

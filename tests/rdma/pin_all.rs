@@ -80,7 +80,7 @@ fn warm_up() {
     let src = GuestRam::new(1 << 20, 0x5a);
     let dst = GuestRam::new(1 << 20, 0);
     let config = Config { pin_all: true, ..Config::default() };
-    let (mut source, dest) = connect(&one_block(&src, 1 << 20), &config, one_block(&dst, 1 << 20), &config);
+    let (source, dest) = connect(&one_block(&src, 1 << 20), &config, one_block(&dst, 1 << 20), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, 1 << 20).unwrap();
     source.iteration_end().unwrap();
@@ -99,7 +99,7 @@ fn pin_all_of_a_guest_larger_than_the_wait_timeout() {
     let port: u16 = peer.next(Duration::from_secs(120)).strip_prefix("port ").unwrap().parse().unwrap();
 
     let start = Instant::now();
-    let mut source = Source::connect(&rdma_ip(), port, &config(), &one_block(&src, GIB)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &config(), &one_block(&src, GIB)).unwrap();
     let connected = start.elapsed();
     assert!(source.negotiated().pin_all, "pin-all was not negotiated");
     // The source's first message waits (within the timeout) for the

@@ -381,7 +381,7 @@ fn a_destination_refuses_a_source_that_asks_past_its_budget() {
     // QEMU's wire behaviour: nothing ever unregistered; one chunk per request, as the even
     // chunks are saved before the odd ones (consecutive chunks would share one registration).
     let src_config = Config { extensions: false, ..Config::default() };
-    let (mut source, dest) = connect(&one_block(&src_ram, RAM), &src_config, one_block(&dst_ram, RAM), &dest_config());
+    let (source, dest) = connect(&one_block(&src_ram, RAM), &src_config, one_block(&dst_ram, RAM), &dest_config());
     assert!(!source.negotiated().extensions);
     assert!(!source.negotiated().pin_all);
     assert_eq!(dest.stats().pin_budget, DEST_BUDGET);
@@ -481,7 +481,7 @@ fn a_qemu_run_fits_the_sources_budget() {
     let dst_ram = GuestRam::new(RAM, 0xAA);
     let src_config = Config { pin_budget: Some(BUDGET), extensions: false, ..Config::default() };
     let dst_config = Config { extensions: false, ..Config::default() };
-    let (mut source, dest) = connect(&one_block(&src_ram, RAM), &src_config, one_block(&dst_ram, RAM), &dst_config);
+    let (source, dest) = connect(&one_block(&src_ram, RAM), &src_config, one_block(&dst_ram, RAM), &dst_config);
     source.iteration_begin().unwrap();
     source.save_ranges([SaveRange { block: 0, offset: 0, len: RAM }]).unwrap();
     source.iteration_end().unwrap();

@@ -44,7 +44,7 @@ fn postcopy_with_nothing_stale_ends_at_once() {
     let src = GuestRam::new(len, 0x11);
     let dst = GuestRam::new(len, 0xAA);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, len).unwrap();
     source.iteration_end().unwrap();
@@ -81,7 +81,7 @@ fn postcopy_of_a_sparse_block_whose_bitmap_exceeds_a_message() {
         fill(&src, p, 1);
     }
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
     // One window sends the pages as they were; then they change: stale.
     source.iteration_begin().unwrap();
     for &p in &stale {
@@ -133,7 +133,7 @@ fn postcopy_fetch_brings_pages_before_the_pull_does() {
     let src = GuestRam::new(len, 0x21);
     let dst = GuestRam::new(len, 0);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, len).unwrap();
     source.iteration_end().unwrap();
@@ -181,7 +181,7 @@ fn postcopy_fits_a_destination_pin_budget_that_precopy_filled() {
     let src = GuestRam::new(len, 0x31);
     let dst = GuestRam::new(len, 0);
     let dst_config = Config { pin_budget: Some(budget), ..Config::default() };
-    let (mut source, dest) = connect(&one_block(&src, len), &Config::default(), one_block(&dst, len), &dst_config);
+    let (source, dest) = connect(&one_block(&src, len), &Config::default(), one_block(&dst, len), &dst_config);
     source.iteration_begin().unwrap();
     source.save(0, 0, len).unwrap();
     source.iteration_end().unwrap();
@@ -534,7 +534,7 @@ fn postcopy_source_child() {
             src.write_u64(page * PAGE + w * 8, killed_word(page, w, 0));
         }
     }
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, LEN)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, LEN)).unwrap();
     source.iteration_begin().unwrap();
     source.save(0, 0, LEN).unwrap();
     source.iteration_end().unwrap();
@@ -718,7 +718,7 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
     let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_destination_child", DEST_CHILD_ENV, "1");
     let report = peer.next(Duration::from_secs(60));
     let port: u16 = report.strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port report");
-    let mut source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, KILLED_DEST_LEN)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, KILLED_DEST_LEN)).unwrap();
     source.iteration_begin().unwrap();
     source.save(0, 0, KILLED_DEST_LEN).unwrap();
     source.iteration_end().unwrap();
@@ -764,7 +764,7 @@ fn postcopy_aborted_by_the_destination_stops_both_sides() {
     let src = GuestRam::new(len, 0x5C);
     let dst = GuestRam::new(len, 0xAA);
     let config = Config::default();
-    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
     source.iteration_begin().unwrap();
     source.iteration_end().unwrap();
     let bitmap = vec![!0u64; (len / PAGE / 64) as usize];
@@ -802,5 +802,48 @@ fn postcopy_aborted_by_the_destination_stops_both_sides() {
         progress.pages_remaining,
         progress.pages_total,
         returned.saturating_duration_since(aborted)
+    );
+}
+
+/// The source's hypervisor aborts from another thread while `postcopy`
+/// waits for the destination (`postcopy` takes `&self` for that): the call
+/// fails with `Aborted` at once and the destination's post-copy fails (the
+/// source's ERROR, or its disconnect) instead of waiting for pages.
+#[test]
+fn postcopy_aborted_by_the_source_stops_both_sides() {
+    const BOUND: Duration = Duration::from_secs(5);
+    let len = KILLED_DEST_LEN;
+    let src = GuestRam::new(len, 0x5C);
+    let dst = GuestRam::new(len, 0xAA);
+    let config = Config::default();
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    source.iteration_begin().unwrap();
+    source.iteration_end().unwrap();
+    let bitmap = vec![!0u64; (len / PAGE / 64) as usize];
+    let (err, dest_err, returned) = thread::scope(|s| {
+        let postcopy = s.spawn(|| {
+            let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+            (Instant::now(), r)
+        });
+        dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+        let aborted = Instant::now();
+        source.abort();
+        let dest_err = dest.wait_postcopy(PostcopyPhase::Done, Some(BOUND)).unwrap_err();
+        let (at, r) = postcopy.join().unwrap();
+        (r.unwrap_err(), dest_err, at.saturating_duration_since(aborted))
+    });
+    assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
+    assert!(returned < BOUND, "the source's postcopy returned {returned:?} after the abort");
+    assert!(
+        matches!(dest_err.kind, ErrorKind::PeerError | ErrorKind::Disconnected),
+        "the destination's wait: {dest_err}"
+    );
+    let progress = dest.postcopy_progress();
+    assert!(progress.pages_remaining > 0, "post-copy ended before the abort: {progress:?}");
+    assert!(source.close().is_err());
+    eprintln!(
+        "source aborted in post-copy ({} of {} pages left): its postcopy returned {returned:?} after the abort; \
+         the destination: {dest_err}",
+        progress.pages_remaining, progress.pages_total
     );
 }

@@ -85,7 +85,7 @@ fn saves_racing_iteration_end_land_inside_the_window_or_fail() {
     let src_ram = layout.source_ram(21);
     let dst_ram = layout.dest_ram();
     let config = Config::default();
-    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    let (source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
     let per_round = 16 * MIB / PAGE / ROUNDS;
     let mut accepted = 0;
     for round in 0..ROUNDS {
@@ -151,7 +151,7 @@ fn idle_connection_survives_its_liveness_probes() {
     let src_ram = layout.source_ram(31);
     let dst_ram = layout.dest_ram();
     let config = Config { liveness: Some(Duration::from_millis(600)), ..Config::default() };
-    let (mut source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
+    let (source, dest) = connect(&layout.registry(&src_ram, 0), &config, layout.registry(&dst_ram, 0), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, 4 * MIB).unwrap();
     source.iteration_end().unwrap();
@@ -177,7 +177,7 @@ fn pin_all_past_a_pin_budget_falls_back_to_dynamic_registration() {
         let dst_ram = GuestRam::new(len, 0);
         let src_config = Config { pin_all: true, pin_budget: src_budget, ..Config::default() };
         let dst_config = Config { pin_all: true, pin_budget: dst_budget, ..Config::default() };
-        let (mut source, dest) = connect(&one_block(&src_ram, len), &src_config, one_block(&dst_ram, len), &dst_config);
+        let (source, dest) = connect(&one_block(&src_ram, len), &src_config, one_block(&dst_ram, len), &dst_config);
         assert!(!source.negotiated().pin_all && !dest.negotiated().pin_all, "budgets {src_budget:?}/{dst_budget:?}");
         source.iteration_begin().unwrap();
         source.save(0, 0, len).unwrap();

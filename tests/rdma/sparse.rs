@@ -134,7 +134,7 @@ fn migrate(shared: bool, extensions: bool) {
     let dst = Ram::new(shared);
     src.write_guest();
     let config = Config { extensions, ..Config::default() };
-    let (mut source, dest) = connect(&src.registry(), &config, dst.registry(), &config);
+    let (source, dest) = connect(&src.registry(), &config, dst.registry(), &config);
     let (src_before, dst_before) = (src.allocated(), dst.allocated());
     let start = Instant::now();
     source.iteration_begin().unwrap();

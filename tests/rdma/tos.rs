@@ -102,7 +102,7 @@ fn send(case: &Case, port: u16) {
     let config = Config { tos: case.source, ..Config::default() };
     let ram = GuestRam::new(RAM, 0x5A);
     barrier(&format!("tos-{}-listening", case.name));
-    let mut source = Source::connect(&peer_ip(), port, &config, &one_block(&ram, RAM)).expect("connect");
+    let source = Source::connect(&peer_ip(), port, &config, &one_block(&ram, RAM)).expect("connect");
     source.iteration_begin().unwrap();
     for off in (0..RAM).step_by(MIB as usize) {
         source.save(0, off, MIB).unwrap();

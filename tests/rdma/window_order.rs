@@ -22,7 +22,7 @@ const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 fn reported_windows_have_their_pages_in_place(config: Config) {
     let len = PAGES * PAGE;
     let (src, dst) = (GuestRam::new(len, 1), GuestRam::new(len, 0));
-    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, len).unwrap();
     source.iteration_end().unwrap();
@@ -69,7 +69,7 @@ fn zero_chunk_saved_after_the_rest_is_zeroed_in_its_window(config: Config) {
     // The last chunk is zero on the source, garbage on the destination.
     unsafe { std::ptr::write_bytes(src.ptr().add((3 * MIB) as usize), 0, MIB as usize) };
     let dst = GuestRam::new(len, 0xAA);
-    let (mut source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
+    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
     source.iteration_begin().unwrap();
     source.save(0, 0, 3 * MIB).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

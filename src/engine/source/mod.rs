@@ -96,18 +96,25 @@ struct Shared {
 /// The source end of a migration connection.
 ///
 /// Thread safety: `save` may be called from several threads at once, and
-/// alongside `iteration_end`; the other methods take `&mut self` and so run
-/// from one thread at a time.
+/// alongside `iteration_end`. `abort`, `stats`, `error` and `event_fd` may
+/// run alongside any call (`abort` is there to stop one). The calls that
+/// shape the stream and the windows (`iteration_begin`, `put`, `flush`,
+/// `postcopy`) are meant for one thread; they take `&self` so that an
+/// `abort` from another thread can stop one blocked in them (the C ABI
+/// relies on that), and if called at once they run one after another.
 pub struct Source {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     negotiated: Negotiated,
     stop: Arc<AtomicBool>,
-    outgoing: Vec<u8>,
+    /// Stream bytes `put` and not queued yet. Locked for the whole of `put`,
+    /// `flush` and `iteration_begin`, so that no byte is queued inside a
+    /// window (a QEMU destination accepts none there).
+    outgoing: Mutex<Vec<u8>>,
     unregistration: Option<Arc<Unregistration>>,
     /// `postcopy` was called: the guest runs on the destination from then
     /// on, so no window may write into its RAM any more.
-    postcopy_called: bool,
+    postcopy_called: AtomicBool,
 }
 
 impl Source {
@@ -149,9 +156,9 @@ impl Source {
             thread: Some(thread),
             negotiated,
             stop,
-            outgoing: Vec::new(),
+            outgoing: Mutex::new(Vec::new()),
             unregistration,
-            postcopy_called: false,
+            postcopy_called: AtomicBool::new(false),
         })
     }
 
@@ -165,13 +172,14 @@ impl Source {
     /// hook marker before any registration message). The first window also
     /// exchanges the RAM-block lists. `State` if a window is open or
     /// `postcopy` was called.
-    pub fn iteration_begin(&mut self) -> Result<()> {
+    pub fn iteration_begin(&self) -> Result<()> {
+        let mut outgoing = self.outgoing.lock();
         self.shared.front.error.check()?;
         if self.shared.front.window_open() {
             return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
         }
         self.check_no_postcopy()?;
-        self.queue_stream(true)?;
+        self.queue_stream(&mut outgoing, true)?;
         self.shared.front.open_window();
         Ok(())
     }
@@ -264,33 +272,37 @@ impl Source {
     /// Appends device-state bytes to the stream (sent in QEMU_FILE messages).
     /// Inside an iteration window they are held back until the window ends:
     /// QEMU's destination accepts no stream message inside one.
-    pub fn put(&mut self, data: &[u8]) -> Result<()> {
+    pub fn put(&self, data: &[u8]) -> Result<()> {
+        let mut outgoing = self.outgoing.lock();
         self.shared.front.error.check()?;
-        self.outgoing.extend_from_slice(data);
+        outgoing.extend_from_slice(data);
         if !self.shared.front.window_open() {
-            self.queue_stream(false)?;
+            self.queue_stream(&mut outgoing, false)?;
         }
         Ok(())
     }
 
     /// Sends every byte `put` so far and waits until it is out. Not inside an
     /// iteration window (see `put`).
-    pub fn flush(&mut self) -> Result<()> {
-        if self.shared.front.window_open() {
-            return Err(Error::new(ErrorKind::State, "flush inside an iteration window: end the window first"));
+    pub fn flush(&self) -> Result<()> {
+        {
+            let mut outgoing = self.outgoing.lock();
+            if self.shared.front.window_open() {
+                return Err(Error::new(ErrorKind::State, "flush inside an iteration window: end the window first"));
+            }
+            self.queue_stream(&mut outgoing, true)?;
         }
-        self.queue_stream(true)?;
         self.call(Command::Sync)
     }
 
     /// Queues the buffered stream bytes as messages: whole pieces only, or all.
-    fn queue_stream(&mut self, all: bool) -> Result<()> {
+    fn queue_stream(&self, outgoing: &mut Vec<u8>, all: bool) -> Result<()> {
         let piece = if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT };
-        let whole = if all { self.outgoing.len() } else { self.outgoing.len() / piece * piece };
-        for chunk in self.outgoing[..whole].chunks(piece) {
+        let whole = if all { outgoing.len() } else { outgoing.len() / piece * piece };
+        for chunk in outgoing[..whole].chunks(piece) {
             self.shared.front.push(Command::Stream(chunk.to_vec()))?;
         }
-        self.outgoing.drain(..whole);
+        outgoing.drain(..whole);
         Ok(())
     }
 
@@ -310,23 +322,28 @@ impl Source {
     /// from this call on, iteration windows and another post-copy are
     /// refused (`State`). Runs on the caller's thread; the transfer thread
     /// does the work.
-    pub fn postcopy(&mut self, stale: &[StalePages]) -> Result<PostcopySummary> {
+    pub fn postcopy(&self, stale: &[StalePages]) -> Result<PostcopySummary> {
         if !self.negotiated.extensions {
             return Err(Error::new(
                 ErrorKind::State,
                 "post-copy needs an rdmamig destination (QEMU has no such extension)",
             ));
         }
-        if self.shared.front.window_open() {
-            return Err(Error::new(ErrorKind::State, "post-copy inside an iteration window: end the window first"));
+        {
+            // Under the lock `iteration_begin` holds: no window opens from here on.
+            let mut outgoing = self.outgoing.lock();
+            if self.shared.front.window_open() {
+                return Err(Error::new(ErrorKind::State, "post-copy inside an iteration window: end the window first"));
+            }
+            if self.shared.counters.iterations.load(Ordering::Relaxed) == 0 {
+                return Err(Error::new(ErrorKind::State, "post-copy needs a pre-copy window first"));
+            }
+            self.check_no_postcopy()?;
+            postcopy::source::check(self.shared.front.ram(), stale)?;
+            // The device state goes out first: the transfer thread takes commands in order.
+            self.queue_stream(&mut outgoing, true)?;
+            self.postcopy_called.store(true, Ordering::Relaxed);
         }
-        if self.shared.counters.iterations.load(Ordering::Relaxed) == 0 {
-            return Err(Error::new(ErrorKind::State, "post-copy needs a pre-copy window first"));
-        }
-        self.check_no_postcopy()?;
-        postcopy::source::check(self.shared.front.ram(), stale)?;
-        self.flush()?;
-        self.postcopy_called = true;
         let slot = Arc::new(Mutex::new(None));
         self.call(|done| Command::Postcopy(stale.to_vec(), slot.clone(), done))?;
         let summary = slot.lock().take();
@@ -334,7 +351,7 @@ impl Source {
     }
 
     fn check_no_postcopy(&self) -> Result<()> {
-        if self.postcopy_called {
+        if self.postcopy_called.load(Ordering::Relaxed) {
             return Err(Error::new(ErrorKind::State, "post-copy was started: the guest runs on the destination"));
         }
         Ok(())
