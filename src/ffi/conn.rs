@@ -37,10 +37,10 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
 /// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
-/// `rdmamig_conn_stream_ops`, needs exclusive use of the handle: of them
-/// and `rdmamig_conn_save`, one at a time, while the other `const` calls
-/// (`rdmamig_conn_abort` among them) may run; `rdmamig_conn_close` and
-/// `rdmamig_conn_free` need the handle to themselves. The library's own thread
+/// `rdmamig_conn_stream_ops`, runs one at a time (each says whether
+/// `rdmamig_conn_save` may run alongside it), while the `const` calls,
+/// `rdmamig_conn_abort` among them, may run meanwhile; `rdmamig_conn_close`
+/// and `rdmamig_conn_free` need the handle to themselves. The library's own thread
 /// (one per connection) makes progress without the hypervisor and calls
 /// nothing back (but the log callback, `rdmamig_set_log_callback`).
 pub struct rdmamig_conn {
@@ -122,7 +122,9 @@ fn close_status(ending: Ending) -> rdmamig_status {
 /// `RDMAMIG_ERR_VERSION`; `RDMAMIG_ERR_AUTH` (authentication: the
 /// destination requires a key and `config` has none, or it does not
 /// authenticate while `config` has a key, or it could not prove the key);
-/// `RDMAMIG_ERR_TIMEOUT`; `RDMAMIG_ERR_VERBS`; `RDMAMIG_ERR_NO_DEVICE`.
+/// `RDMAMIG_ERR_DISCONNECTED` (the destination went away or stopped
+/// answering during the authentication exchange); `RDMAMIG_ERR_TIMEOUT`;
+/// `RDMAMIG_ERR_VERBS`; `RDMAMIG_ERR_NO_DEVICE`.
 ///
 /// Thread-safe (each call makes its own connection).
 #[no_mangle]
@@ -615,8 +617,8 @@ pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u
 /// long) no ERROR is sent and the peer learns of the abort from the
 /// disconnect (`RDMAMIG_ERR_DISCONNECTED`); either way the migration fails
 /// on both sides. Calls blocked on the connection in other threads (`rdmamig_conn_iteration_end`,
-/// `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`)
-/// then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
+/// `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
+/// `rdmamig_conn_postcopy`, `rdmamig_conn_wait_postcopy`) then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
 /// ended the connection (a destination's `rdmamig_conn_get` first returns the
 /// stream bytes already received); free it with `rdmamig_conn_free`. Returns
 /// `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.

@@ -481,18 +481,13 @@ fn eight_sources() {
 /// Pollers per side.
 const POLLERS: usize = 2;
 
-/// A source shared with pollers: its `&self` calls run under the read lock,
-/// the `&mut` ones (`iteration_begin`, `put`, `flush`, `close`) under the
-/// write lock. `None` once closed.
+/// A source shared with pollers: its calls run under the read lock, `close`
+/// (which takes the source) under the write lock. `None` once closed.
 struct SharedSource(RwLock<Option<Source>>);
 
 impl SharedSource {
     fn with<T>(&self, f: impl FnOnce(&Source) -> T) -> T {
         f(self.0.read().unwrap().as_ref().expect("the source is closed"))
-    }
-
-    fn with_mut<T>(&self, f: impl FnOnce(&mut Source) -> T) -> T {
-        f(self.0.write().unwrap().as_mut().expect("the source is closed"))
     }
 
     fn stats(&self) -> Vec<Stats> {
@@ -532,14 +527,14 @@ fn stats_pollers() {
         let stopping = StopOnDrop(vec![stop_source, stop_dest]);
         for round in 0..=ROUNDS {
             let pages = if round == 0 { all_pages(&layout) } else { redirty(&layout, &src_ram, 51, round) };
-            source.with_mut(|src| src.iteration_begin().unwrap());
+            source.with(|src| src.iteration_begin().unwrap());
             source.with(|src| {
                 save_pages(src, &pages);
                 src.iteration_end().unwrap();
             });
             if round == 0 {
-                source.with_mut(|src| src.put(&stream).unwrap());
-                source.with_mut(|src| src.flush().unwrap());
+                source.with(|src| src.put(&stream).unwrap());
+                source.with(|src| src.flush().unwrap());
             }
         }
         assert_eq!(dest.wait_iteration(1 + ROUNDS, Some(Duration::from_secs(30))).unwrap(), 1 + ROUNDS);

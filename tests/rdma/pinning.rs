@@ -249,20 +249,20 @@ fn assert_budget_from_memlock(side: &str, budget: u64) {
 
 /// The source's script: window 1 saves all `len` bytes of `ram`, a chunk per
 /// save; then one page in eight is written again (`redirty`) and window 2
-/// saves those, a page per save. `iteration_begin` takes `&mut`, hence the
-/// lock: a sampler reads the stats under a read lock meanwhile. Returns the
+/// saves those, a page per save, while a sampler reads the stats under the
+/// read lock (the lock is for `close`, which takes the source). Returns the
 /// pages saved in window 2.
 fn two_windows(source: &RwLock<Source>, ram: &mut GuestRam, len: u64, seed: u64) -> rdmamig::Result<u64> {
-    source.write().unwrap().iteration_begin()?;
     let src = source.read().unwrap();
+    src.iteration_begin()?;
     for off in (0..len).step_by(MIB as usize) {
         src.save(0, off, MIB)?;
     }
     src.iteration_end()?;
     drop(src);
     let pages = redirty(ram, len, seed);
-    source.write().unwrap().iteration_begin()?;
     let src = source.read().unwrap();
+    src.iteration_begin()?;
     for &off in &pages {
         src.save(0, off, PAGE)?;
     }

@@ -752,6 +752,18 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
     );
 }
 
+/// Both ends in this process over `src` and `dst` (`KILLED_DEST_LEN`), an
+/// empty window, and every page stale: post-copy pulls the whole block,
+/// which takes over a second on rxe (the tests that stop post-copy midway
+/// rely on that; a faster link would need a larger block).
+fn all_stale(src: &GuestRam, dst: &GuestRam) -> (Source, Destination, Vec<StalePages>) {
+    let config = Config::default();
+    let (source, dest) = connect(&one_block(src, KILLED_DEST_LEN), &config, one_block(dst, KILLED_DEST_LEN), &config);
+    source.iteration_begin().unwrap();
+    source.iteration_end().unwrap();
+    (source, dest, vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }])
+}
+
 /// The destination's hypervisor gives up during post-copy (`abort`, e.g.
 /// because it must stop the VM): post-copy stops at once on both sides.
 /// The destination's wait fails with `Aborted`, the source's `postcopy`
@@ -760,17 +772,11 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
 #[test]
 fn postcopy_aborted_by_the_destination_stops_both_sides() {
     const BOUND: Duration = Duration::from_secs(5);
-    let len = KILLED_DEST_LEN;
-    let src = GuestRam::new(len, 0x5C);
-    let dst = GuestRam::new(len, 0xAA);
-    let config = Config::default();
-    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
-    source.iteration_begin().unwrap();
-    source.iteration_end().unwrap();
-    let bitmap = vec![!0u64; (len / PAGE / 64) as usize];
+    let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
+    let (source, dest, stale) = all_stale(&src, &dst);
     let (tx, postcopy) = std::sync::mpsc::channel();
     thread::spawn(move || {
-        let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+        let r = source.postcopy(&stale);
         let _ = tx.send((Instant::now(), r, source));
     });
     dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
@@ -812,17 +818,11 @@ fn postcopy_aborted_by_the_destination_stops_both_sides() {
 #[test]
 fn postcopy_aborted_by_the_source_stops_both_sides() {
     const BOUND: Duration = Duration::from_secs(5);
-    let len = KILLED_DEST_LEN;
-    let src = GuestRam::new(len, 0x5C);
-    let dst = GuestRam::new(len, 0xAA);
-    let config = Config::default();
-    let (source, dest) = connect(&one_block(&src, len), &config, one_block(&dst, len), &config);
-    source.iteration_begin().unwrap();
-    source.iteration_end().unwrap();
-    let bitmap = vec![!0u64; (len / PAGE / 64) as usize];
+    let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
+    let (source, dest, stale) = all_stale(&src, &dst);
     let (err, dest_err, returned) = thread::scope(|s| {
         let postcopy = s.spawn(|| {
-            let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+            let r = source.postcopy(&stale);
             (Instant::now(), r)
         });
         dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();

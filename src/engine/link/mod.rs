@@ -288,13 +288,15 @@ impl Link {
                 _ => "control RECV".to_string(),
             };
             let failed = format!("{what} failed: {} ({})", wc.status_str(), wc.status());
-            // The ACK timeout comes from the liveness time (`setup::set_ack_timeout`):
-            // any work request out of retries, like a failed probe, is a peer that
-            // stopped answering, not a local verbs fault.
+            // A work request out of retries, like a failed probe, is a peer whose
+            // NIC acknowledged nothing: it stopped answering, not a local verbs
+            // fault. With liveness on, the ACK timeout comes from the liveness
+            // time (`setup::set_ack_timeout`), so this is within it.
             if id == WRID_PROBE || wc.is_retry_exceeded() {
+                let within = if self.liveness.is_some() { " (liveness)" } else { "" };
                 return Err(Error::new(
                     ErrorKind::Disconnected,
-                    format!("the peer stopped answering (liveness): {failed}"),
+                    format!("the peer stopped answering{within}: {failed}"),
                 ));
             }
             return Err(Error::new(ErrorKind::Verbs, failed));

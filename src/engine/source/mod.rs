@@ -98,18 +98,20 @@ struct Shared {
 /// Thread safety: `save` may be called from several threads at once, and
 /// alongside `iteration_end`. `abort`, `stats`, `error` and `event_fd` may
 /// run alongside any call (`abort` is there to stop one). The calls that
-/// shape the stream and the windows (`iteration_begin`, `put`, `flush`,
-/// `postcopy`) are meant for one thread; they take `&self` so that an
-/// `abort` from another thread can stop one blocked in them (the C ABI
-/// relies on that), and if called at once they run one after another.
+/// shape the stream and the windows (`iteration_begin`, `iteration_end`,
+/// `put`, `flush`, `postcopy`) are meant for one thread; they take `&self`
+/// so that an `abort` from another thread can stop one blocked in them (the
+/// C ABI relies on that). Called at once, they queue their work one call
+/// after another, so no stream byte lands inside a window.
 pub struct Source {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     negotiated: Negotiated,
     stop: Arc<AtomicBool>,
-    /// Stream bytes `put` and not queued yet. Locked for the whole of `put`,
-    /// `flush` and `iteration_begin`, so that no byte is queued inside a
-    /// window (a QEMU destination accepts none there).
+    /// Stream bytes `put` and not queued yet. Locked while `put`, `flush`,
+    /// `iteration_begin`, `iteration_end` and `postcopy` check the window
+    /// and queue their commands, so that no byte is queued inside a window
+    /// (a QEMU destination accepts none there).
     outgoing: Mutex<Vec<u8>>,
     unregistration: Option<Arc<Unregistration>>,
     /// `postcopy` was called: the guest runs on the destination from then
@@ -251,12 +253,21 @@ impl Source {
     /// tells the destination (REGISTER_FINISHED). May race `save` calls from
     /// other threads: each is queued before REGISTER_FINISHED or refused.
     pub fn iteration_end(&self) -> Result<()> {
-        // Waits for saves still queueing; later ones see the window closed.
-        if !self.shared.front.close_window() {
-            return Err(Error::new(ErrorKind::State, "no iteration window is open"));
+        let start;
+        let done = Arc::new(Done::default());
+        {
+            // Under the stream lock: no stream byte or POSTCOPY of another
+            // thread's call can be queued between the window's end and its
+            // EndIteration (it would land inside the window).
+            let _outgoing = self.outgoing.lock();
+            // Waits for saves still queueing; later ones see the window closed.
+            if !self.shared.front.close_window() {
+                return Err(Error::new(ErrorKind::State, "no iteration window is open"));
+            }
+            start = Instant::now();
+            self.shared.front.push(Command::EndIteration(done.clone()))?;
         }
-        let start = Instant::now();
-        let r = self.call(Command::EndIteration);
+        let r = self.wait(&done);
         let took = start.elapsed();
         Counters::add(&self.shared.counters.iteration_end_ns, took.as_nanos() as u64);
         if r.is_ok() && logging::enabled(logging::Level::Debug) {
@@ -413,6 +424,11 @@ impl Source {
     fn call(&self, make: impl FnOnce(Arc<Done>) -> Command) -> Result<()> {
         let done = Arc::new(Done::default());
         self.shared.front.push(make(done.clone()))?;
+        self.wait(&done)
+    }
+
+    /// Waits until the transfer thread has done a queued command (or the connection failed).
+    fn wait(&self, done: &Done) -> Result<()> {
         done.wait(|| self.shared.front.error.get())
     }
 
