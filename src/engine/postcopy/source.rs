@@ -51,11 +51,40 @@ pub(crate) fn check(ram: &RamBlocks, stale: &[StalePages]) -> Result<()> {
     Ok(())
 }
 
+/// What post-copy registered for the destination's reads. `mrs` is declared
+/// first so that, dropped as a whole, the tables' registration goes before
+/// their memory.
+#[derive(Default)]
+pub(crate) struct Exposed {
+    mrs: Vec<MemoryRegion>,
+    tables: Option<PageBuffer>,
+}
+
+impl Exposed {
+    pub fn release(self, pins: &Pins) {
+        let Exposed { mrs, tables } = self;
+        for mr in mrs {
+            pins.release(mr);
+        }
+        // The tables' registration is gone before their memory is.
+        pins.settle();
+        drop(tables);
+    }
+}
+
 /// Registers the parts of the blocks that hold stale pages, and their
-/// tables, for remote read, sends POSTCOPY and waits (while the destination
-/// stays alive) for POSTCOPY_DONE. The registrations are released when this
-/// returns: the destination has every page, or the connection is gone.
-pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StalePages]) -> Result<PostcopySummary> {
+/// tables, for remote read (into `exposed`), sends POSTCOPY and waits
+/// (while the destination stays alive) for POSTCOPY_DONE, then releases
+/// them. On failure they stay in `exposed`, for the caller to release once
+/// its QPs are gone: a read in flight then meets a closed connection, not a
+/// registration that vanished (a remote access error at the destination).
+pub(crate) fn run(
+    link: &mut Link,
+    pins: &Pins,
+    ram: &RamBlocks,
+    stale: &[StalePages],
+    exposed: &mut Option<Exposed>,
+) -> Result<PostcopySummary> {
     let mut blocks: Vec<Table> = Vec::new();
     for s in stale {
         let length = ram.get(s.block)?.length;
@@ -67,14 +96,13 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
         }
     }
     regions(&mut blocks);
-    let mut mrs: Vec<MemoryRegion> = Vec::new();
-    let mut tables = None;
+    let Exposed { mrs, tables } = exposed.insert(Exposed::default());
     let result = (|| {
         for t in &mut blocks {
             let block = ram.get(t.entry.block_index)?;
             for r in &mut t.regions {
                 // SAFETY: the registry's contract keeps the block mapped while
-                // the connection exists; the MR is released before `run` returns.
+                // the connection exists; the MR is released before the connection ends.
                 let mr = unsafe {
                     expose(pins, &format!("part of block '{}'", block.name), block.host_ptr(r.offset), r.length)?
                 };
@@ -90,7 +118,8 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
             t.write(&mut buf.bytes_mut()[at..]);
             at += len(t) as usize;
         }
-        // SAFETY: `tables` outlives its registration (settled below).
+        // SAFETY: `tables` outlives its registration: `Exposed::release`
+        // settles it first, and dropped whole, `mrs` goes first (field order).
         let mr = unsafe { expose(pins, "its tables", buf.ptr(), buf.len() as u64)? };
         let mut at = mr.addr();
         for t in &mut blocks {
@@ -129,12 +158,9 @@ pub(crate) fn run(link: &mut Link, pins: &Pins, ram: &RamBlocks, stale: &[StaleP
         Ok(summary)
     })();
     link.close_fault_qp();
-    for mr in mrs {
-        pins.release(mr);
+    if result.is_ok() {
+        exposed.take().expect("inserted above").release(pins);
     }
-    // The tables' registration is gone before their memory is.
-    pins.settle();
-    drop(tables);
     result
 }
 

@@ -98,6 +98,9 @@ pub(super) struct Engine {
     /// Writes and bytes posted since the last signalled write.
     unsignalled: (u64, u64),
     pacer: Pacer,
+    /// What a failed post-copy left registered for remote read: released
+    /// after the link is gone (see `postcopy::source::run`).
+    postcopy_exposed: Option<postcopy::source::Exposed>,
 }
 
 impl Engine {
@@ -137,6 +140,7 @@ impl Engine {
             signalled: VecDeque::new(),
             unsignalled: (0, 0),
             pacer: Pacer::new(),
+            postcopy_exposed: None,
         })
     }
 
@@ -170,12 +174,15 @@ impl Engine {
             }
         }
         // Destroy the QP, CQ and ids, then hand every registration to the worker.
-        let Engine { link, pins, blocks, staging, .. } = self;
+        let Engine { link, pins, blocks, staging, postcopy_exposed, .. } = self;
         drop(link);
         let chunks =
             blocks.into_iter().flat_map(|b| b.local.into_iter().chain(b.chunks.into_iter().filter_map(|c| c.local)));
         for mr in chunks.chain(staging.and_then(|mut s| s.take_mr())) {
             pins.release(mr);
+        }
+        if let Some(exposed) = postcopy_exposed {
+            exposed.release(&pins);
         }
     }
 
@@ -274,7 +281,8 @@ impl Engine {
                 self.register_deferred()?;
                 self.flush_unregister()?;
                 self.link.fence()?;
-                let summary = postcopy::source::run(&mut self.link, &self.pins, &self.ram, &stale)?;
+                let summary =
+                    postcopy::source::run(&mut self.link, &self.pins, &self.ram, &stale, &mut self.postcopy_exposed)?;
                 *slot.lock() = Some(summary);
                 done.set(Ok(()));
                 Ok(())
