@@ -168,6 +168,20 @@ impl Drop for LinkDown {
     }
 }
 
+/// The destination guest's side of a pair test's connection: listens on
+/// `port`, meets the source guest at the barrier `{name}-listening`, accepts.
+fn accept_pair(ram: &GuestRam, len: u64, port: u16, config: &Config, name: &str) -> Destination {
+    let listener = Listener::bind(&rdma_ip(), port, config).expect("listen");
+    barrier(&format!("{name}-listening"));
+    Destination::accept(&listener, &one_block(ram, len), Some(Duration::from_secs(60))).expect("accept")
+}
+
+/// The source guest's side: connects once the destination listens (`accept_pair`).
+fn connect_pair(ram: &GuestRam, len: u64, port: u16, config: &Config, name: &str) -> Source {
+    barrier(&format!("{name}-listening"));
+    Source::connect(&peer_ip(), port, config, &one_block(ram, len)).expect("connect")
+}
+
 /// Checks that `failed` came after the link went down (at `down`) and within the bound.
 fn detection(who: &str, err: &Error, down: Instant, failed: Instant) -> Duration {
     assert!(failed >= down, "{who} failed before the link went down: {err}");
@@ -211,11 +225,7 @@ fn pair_link_down_mid_transfer_fails_both_sides() {
     match role {
         Role::Destination => {
             let ram = GuestRam::new(RAM_BUSY, 0);
-            let listener = Listener::bind(&rdma_ip(), PORT_BUSY, &config).expect("listen");
-            barrier("busy-listening");
-            let dest = Destination::accept(&listener, &one_block(&ram, RAM_BUSY), Some(Duration::from_secs(60)))
-                .expect("accept");
-            drop(listener);
+            let dest = accept_pair(&ram, RAM_BUSY, PORT_BUSY, &config, "busy");
             barrier("busy-connected");
             // The source guest takes its link down right after this barrier.
             let down = thread::spawn(|| {
@@ -238,8 +248,7 @@ fn pair_link_down_mid_transfer_fails_both_sides() {
         }
         Role::Source => {
             let ram = GuestRam::new(RAM_BUSY, 0x5A);
-            barrier("busy-listening");
-            let source = Source::connect(&peer_ip(), PORT_BUSY, &config, &one_block(&ram, RAM_BUSY)).expect("connect");
+            let source = connect_pair(&ram, RAM_BUSY, PORT_BUSY, &config, "busy");
             barrier("busy-connected");
             let (tx, rx) = mpsc::channel();
             let mut link_down: Option<LinkDown> = None;
@@ -306,11 +315,7 @@ fn pair_link_down_while_idle_fails_both_sides() {
     match role {
         Role::Destination => {
             let ram = GuestRam::new(RAM_IDLE, 0);
-            let listener = Listener::bind(&rdma_ip(), PORT_IDLE, &config).expect("listen");
-            barrier("idle-listening");
-            let dest = Destination::accept(&listener, &one_block(&ram, RAM_IDLE), Some(Duration::from_secs(60)))
-                .expect("accept");
-            drop(listener);
+            let dest = accept_pair(&ram, RAM_IDLE, PORT_IDLE, &config, "idle");
             barrier("idle-connected");
             let mut buf = [0u8; 64];
             let mut got = Vec::new();
@@ -348,8 +353,7 @@ fn pair_link_down_while_idle_fails_both_sides() {
         }
         Role::Source => {
             let ram = GuestRam::new(RAM_IDLE, 0x5A);
-            barrier("idle-listening");
-            let source = Source::connect(&peer_ip(), PORT_IDLE, &config, &one_block(&ram, RAM_IDLE)).expect("connect");
+            let source = connect_pair(&ram, RAM_IDLE, PORT_IDLE, &config, "idle");
             barrier("idle-connected");
             source.iteration_begin().unwrap();
             source.save(0, 0, RAM_IDLE).unwrap();
@@ -399,11 +403,7 @@ fn pair_link_down_in_postcopy_fails_both_sides() {
         Role::Destination => {
             let ram = GuestRam::new(RAM_BUSY, 0);
             let userfaultfds_before = userfaultfds();
-            let listener = Listener::bind(&rdma_ip(), PORT_POSTCOPY, &config).expect("listen");
-            barrier("postcopy-listening");
-            let dest = Destination::accept(&listener, &one_block(&ram, RAM_BUSY), Some(Duration::from_secs(60)))
-                .expect("accept");
-            drop(listener);
+            let dest = accept_pair(&ram, RAM_BUSY, PORT_POSTCOPY, &config, "postcopy");
             dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).expect("post-copy running");
             barrier("postcopy-running");
             // The source guest takes its link down right after this barrier.
@@ -433,9 +433,7 @@ fn pair_link_down_in_postcopy_fails_both_sides() {
         }
         Role::Source => {
             let ram = GuestRam::new(RAM_BUSY, 0x5A);
-            barrier("postcopy-listening");
-            let source =
-                Source::connect(&peer_ip(), PORT_POSTCOPY, &config, &one_block(&ram, RAM_BUSY)).expect("connect");
+            let source = connect_pair(&ram, RAM_BUSY, PORT_POSTCOPY, &config, "postcopy");
             source.iteration_begin().expect("iteration_begin");
             source.iteration_end().expect("iteration_end");
             let bitmap = vec![!0u64; (RAM_BUSY / PAGE / 64) as usize];
