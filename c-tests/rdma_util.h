@@ -21,14 +21,14 @@
 
 static const char *who = "rdma-test";
 
-static double now_s(void) {
+static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* xorshift64*: a fast deterministic pattern. */
-static uint64_t rng_next(uint64_t *s) {
+static inline uint64_t rng_next(uint64_t *s) {
     *s ^= *s >> 12;
     *s ^= *s << 25;
     *s ^= *s >> 27;
@@ -37,7 +37,7 @@ static uint64_t rng_next(uint64_t *s) {
 
 /* FNV-1a over `n` bytes, continuing from `h` (FNV_OFFSET to start). */
 #define FNV_OFFSET UINT64_C(0xcbf29ce484222325)
-static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
+static inline uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         h ^= p[i];
         h *= UINT64_C(0x100000001b3);
@@ -46,13 +46,13 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
 }
 
 /* The guest's RDMA address: $RXE_VM_IP, else rxe-vm.sh's default. */
-static const char *rdma_ip(void) {
+static inline const char *rdma_ip(void) {
     const char *ip = getenv("RXE_VM_IP");
     return ip && *ip ? ip : "198.18.0.1";
 }
 
 /* Prints "<who>: FAIL <what>: <status>: <message>" (message from conn, or the thread's last error). */
-static void report(const char *what, rdmamig_status st, const rdmamig_conn *conn) {
+static inline void report(const char *what, rdmamig_status st, const rdmamig_conn *conn) {
     char msg[512];
     if (conn)
         rdmamig_conn_error_message(conn, msg, sizeof msg);

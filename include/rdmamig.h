@@ -413,8 +413,9 @@ typedef struct rdmamig_config rdmamig_config;
  * time, from any threads. Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, runs one at a time (each says whether
  * `rdmamig_conn_save` may run alongside it), while the `const` calls,
- * `rdmamig_conn_abort` among them, may run meanwhile; `rdmamig_conn_close`
- * and `rdmamig_conn_free` need the handle to themselves. The library's own thread
+ * `rdmamig_conn_abort` among them, may run meanwhile (during
+ * `rdmamig_conn_close` too); `rdmamig_conn_free` needs the handle to itself.
+ * The library's own thread
  * (one per connection) makes progress without the hypervisor and calls
  * nothing back (but the log callback, `rdmamig_set_log_callback`).
  */
@@ -1101,9 +1102,12 @@ void rdmamig_conn_free(struct rdmamig_conn *conn);
  * migration finish.
  *
  * Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
- * valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close.
+ * valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close
+ * (also one made while the first is running).
  *
- * Thread safety: needs exclusive use of `conn`.
+ * Thread safety: no other call may run meanwhile, but for the `const` ones
+ * (`rdmamig_conn_abort`, to stop a close that waits for the peer;
+ * `rdmamig_conn_get_stats`; `rdmamig_conn_error_message`; ...).
  */
 rdmamig_status rdmamig_conn_close(struct rdmamig_conn *conn);
 
@@ -1373,8 +1377,9 @@ rdmamig_status rdmamig_conn_wait_end(const struct rdmamig_conn *conn, uint32_t t
  * `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
  *
  * Thread safety: may be called from any thread, while other calls on `conn`
- * are running (that is what it is for), except `rdmamig_conn_close` and
- * `rdmamig_conn_free`, which need the handle to themselves.
+ * are running (that is what it is for), `rdmamig_conn_close` among them (a
+ * close waiting for the destination's acknowledgement then returns
+ * `RDMAMIG_ERR_ABORTED`); not during or after `rdmamig_conn_free`.
  */
 rdmamig_status rdmamig_conn_abort(const struct rdmamig_conn *conn);
 

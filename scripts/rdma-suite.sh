@@ -184,6 +184,8 @@ valgrind_runs() {
         rdma_test_poll_loop) runs=("--mib 16 --bound-ms 20000") ;;
         # valgrind has no userfaultfd (ENOSYS): the C API's checks and a pre-copy window only.
         rdma_test_postcopy) runs=("--mib 8 --no-postcopy") ;;
+        # The abort's bound is for native speed; memcheck checks the teardown.
+        rdma_test_abort_close) runs=("--bound-s 30") ;;
         *) runs=("") ;;
     esac
 }

@@ -4,6 +4,7 @@
 //! the last call that failed.
 
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,19 +12,30 @@ use parking_lot::Mutex;
 use super::{Destination, Ending, Negotiated, Source, Stats, Unregistration};
 use crate::{Error, ErrorKind, Result};
 
-/// The role a [`Connection`] is in. A connection starts as a source or a
-/// destination and becomes `Closed` once [`Connection::close`] ran.
+/// The role a [`Connection`] plays, for its whole life.
 enum Role {
     Source(Source),
     Destination(Destination),
-    Closed,
 }
+
+/// Where a [`Connection`] is in its life (`Connection::phase`).
+const OPEN: u8 = 0;
+/// `close` is running: only `abort` and the read-only calls may run alongside.
+const CLOSING: u8 = 1;
+/// `close` returned: every call but the error message fails.
+const CLOSED: u8 = 2;
 
 /// A source or a destination behind one type. Calls that do not fit its role
 /// (or come after [`Connection::close`]) fail with [`ErrorKind::State`],
 /// their message naming the call (`call`, as the caller's interface spells it).
+///
+/// Every call takes `&self`, `close` too: an `abort` from another thread may
+/// then stop a `close` blocked in the completion handshake. So the role is
+/// never taken out; a closed connection keeps its (stopped) role until it
+/// is dropped, and `phase` refuses the calls.
 pub(crate) struct Connection {
     role: Role,
+    phase: AtomicU8,
     /// The message of the last call on this connection that failed.
     last_error: Mutex<Option<String>>,
     /// Keeps the unregistration worker running until the connection is
@@ -31,16 +43,9 @@ pub(crate) struct Connection {
     _unregistration: Option<Arc<Unregistration>>,
 }
 
-impl Role {
-    /// The failure for `call`, which needs a `wanted` connection.
-    fn wrong(&self, call: &str, wanted: &str) -> Error {
-        let message = match self {
-            Role::Closed => format!("{call}: the connection is closed; only rdmamig_conn_free is valid"),
-            Role::Source(_) => format!("{call}: needs a {wanted} connection, this one is a source"),
-            Role::Destination(_) => format!("{call}: needs a {wanted} connection, this one is a destination"),
-        };
-        Error::new(ErrorKind::State, message)
-    }
+/// The failure for `call` on a closed connection.
+fn closed_error(call: &str) -> Error {
+    Error::new(ErrorKind::State, format!("{call}: the connection is closed; only rdmamig_conn_free is valid"))
 }
 
 /// The role's calls that take `&self` run concurrently (`save` from several
@@ -56,9 +61,8 @@ impl Connection {
         let unregistration = match &role {
             Role::Source(s) => s.unregistration(),
             Role::Destination(d) => d.unregistration(),
-            Role::Closed => None,
         };
-        Connection { role, last_error: Mutex::new(None), _unregistration: unregistration }
+        Connection { role, phase: AtomicU8::new(OPEN), last_error: Mutex::new(None), _unregistration: unregistration }
     }
 
     pub fn source(source: Source) -> Self {
@@ -69,33 +73,56 @@ impl Connection {
         Self::new(Role::Destination(destination))
     }
 
-    /// A connection that is already closed (for tests of the wrong-role paths).
+    /// A source connection that is already closed and never had a peer (for
+    /// tests of the argument and closed-connection paths).
     #[cfg(test)]
     pub fn closed() -> Self {
-        Self::new(Role::Closed)
+        let c = Self::source(Source::detached());
+        c.phase.store(CLOSED, Ordering::Relaxed);
+        c
+    }
+
+    fn closed_now(&self) -> bool {
+        self.phase.load(Ordering::Acquire) == CLOSED
+    }
+
+    /// `role` if the connection is not closed, else the failure for `call`.
+    fn open_role(&self, call: &str) -> Result<&Role> {
+        if self.closed_now() {
+            return Err(closed_error(call));
+        }
+        Ok(&self.role)
+    }
+
+    /// The failure for `call`, which needs a `wanted` connection (the other role).
+    fn wrong_role(&self, call: &str, wanted: &str) -> Error {
+        let this = match self.role {
+            Role::Source(_) => "source",
+            Role::Destination(_) => "destination",
+        };
+        Error::new(ErrorKind::State, format!("{call}: needs a {wanted} connection, this one is a {this}"))
     }
 
     pub fn as_source(&self, call: &str) -> Result<&Source> {
-        match &self.role {
+        match self.open_role(call)? {
             Role::Source(s) => Ok(s),
-            _ => Err(self.role.wrong(call, "source")),
+            _ => Err(self.wrong_role(call, "source")),
         }
     }
 
     pub fn as_destination(&self, call: &str) -> Result<&Destination> {
-        match &self.role {
+        match self.open_role(call)? {
             Role::Destination(d) => Ok(d),
-            _ => Err(self.role.wrong(call, "destination")),
+            _ => Err(self.wrong_role(call, "destination")),
         }
     }
 
     /// The connection's pollable fd (`Source::event_fd`, `Destination::event_fd`).
     pub fn event_fd(&self, call: &str) -> Result<BorrowedFd<'_>> {
-        match &self.role {
-            Role::Source(s) => Ok(s.event_fd()),
-            Role::Destination(d) => Ok(d.event_fd()),
-            Role::Closed => Err(self.role.wrong(call, "open")),
-        }
+        Ok(match self.open_role(call)? {
+            Role::Source(s) => s.event_fd(),
+            Role::Destination(d) => d.event_fd(),
+        })
     }
 
     pub fn is_source(&self) -> bool {
@@ -103,39 +130,34 @@ impl Connection {
     }
 
     pub fn is_closed(&self) -> bool {
-        matches!(self.role, Role::Closed)
+        self.closed_now()
     }
 
     /// Fails after [`Connection::close`]; `Ok` for either open role.
     pub fn check_open(&self, call: &str) -> Result<()> {
-        if self.is_closed() {
-            return Err(self.role.wrong(call, "open"));
-        }
-        Ok(())
+        self.open_role(call).map(|_| ())
     }
 
     pub fn stats(&self, call: &str) -> Result<Stats> {
-        match &self.role {
-            Role::Source(s) => Ok(s.stats()),
-            Role::Destination(d) => Ok(d.stats()),
-            Role::Closed => Err(self.role.wrong(call, "open")),
-        }
+        Ok(match self.open_role(call)? {
+            Role::Source(s) => s.stats(),
+            Role::Destination(d) => d.stats(),
+        })
     }
 
     pub fn negotiated(&self, call: &str) -> Result<Negotiated> {
-        match &self.role {
-            Role::Source(s) => Ok(s.negotiated()),
-            Role::Destination(d) => Ok(d.negotiated()),
-            Role::Closed => Err(self.role.wrong(call, "open")),
-        }
+        Ok(match self.open_role(call)? {
+            Role::Source(s) => s.negotiated(),
+            Role::Destination(d) => d.negotiated(),
+        })
     }
 
-    /// Aborts either role (see [`Source::abort`], [`Destination::abort`]).
+    /// Aborts either role (see [`Source::abort`], [`Destination::abort`]),
+    /// also while `close` runs: a `close` waiting for the peer then returns.
     pub fn abort(&self, call: &str) -> Result<()> {
-        match &self.role {
+        match self.open_role(call)? {
             Role::Source(s) => s.abort(),
             Role::Destination(d) => d.abort(),
-            Role::Closed => return Err(self.role.wrong(call, "open")),
         }
         Ok(())
     }
@@ -143,16 +165,24 @@ impl Connection {
     /// Closes: a source flushes, runs the completion handshake and
     /// disconnects ([`Source::close`]); a destination stops serving and
     /// reports how the connection had ended. Afterwards the connection is
-    /// closed whatever the outcome.
-    pub fn close(&mut self, call: &str) -> Result<Ending> {
-        match std::mem::replace(&mut self.role, Role::Closed) {
-            Role::Source(s) => s.close(),
+    /// closed whatever the outcome. Only the first call closes; another,
+    /// during or after it, fails with `State`.
+    pub fn close(&self, call: &str) -> Result<Ending> {
+        if self.phase.compare_exchange(OPEN, CLOSING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(match self.closed_now() {
+                true => closed_error(call),
+                false => Error::new(ErrorKind::State, format!("{call}: the connection is already closing")),
+            });
+        }
+        let r = match &self.role {
+            Role::Source(s) => s.finish(),
             Role::Destination(d) => {
                 d.close();
                 d.wait_end(None)
             }
-            Role::Closed => Err(Role::Closed.wrong(call, "open")),
-        }
+        };
+        self.phase.store(CLOSED, Ordering::Release);
+        r
     }
 
     /// Keeps `message` as the last failed call's.
@@ -165,7 +195,6 @@ impl Connection {
         let ended = || match &self.role {
             Role::Source(s) => s.error(),
             Role::Destination(d) => d.error(),
-            Role::Closed => None,
         };
         self.last_error.lock().clone().or_else(|| ended().map(|e| e.message))
     }
@@ -177,8 +206,8 @@ mod tests {
 
     #[test]
     fn a_closed_connection_refuses_every_role_call() {
-        let mut c = Connection::closed();
-        assert!(c.is_closed() && !c.is_source());
+        let c = Connection::closed();
+        assert!(c.is_closed());
         for e in [
             c.as_source("f").err(),
             c.as_destination("f").err(),
@@ -186,6 +215,8 @@ mod tests {
             c.negotiated("f").err(),
             c.abort("f").err(),
             c.check_open("f").err(),
+            c.event_fd("f").err(),
+            c.close("f").err(),
         ] {
             let e = e.expect("an error");
             assert_eq!(
@@ -193,10 +224,24 @@ mod tests {
                 (ErrorKind::State, "f: the connection is closed; only rdmamig_conn_free is valid")
             );
         }
-        assert_eq!(c.as_source("g").err().map(|e| e.kind), Some(ErrorKind::State));
-        assert_eq!(c.close("h").err().map(|e| e.kind), Some(ErrorKind::State));
         assert_eq!(c.error_message(), None);
         c.set_last_error("h: no");
         assert_eq!(c.error_message().as_deref(), Some("h: no"));
+    }
+
+    #[test]
+    fn an_open_connection_refuses_the_other_role_and_a_second_close() {
+        let c = Connection::source(Source::detached());
+        assert!(!c.is_closed() && c.is_source());
+        assert!(c.as_source("f").is_ok() && c.stats("f").is_ok() && c.check_open("f").is_ok());
+        let e = c.as_destination("f").err().expect("an error");
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (ErrorKind::State, "f: needs a destination connection, this one is a source")
+        );
+        c.phase.store(CLOSING, Ordering::Relaxed);
+        assert!(c.abort("f").is_ok(), "abort reaches a closing connection");
+        let e = c.close("g").expect_err("a second close");
+        assert_eq!((e.kind, e.message.as_str()), (ErrorKind::State, "g: the connection is already closing"));
     }
 }

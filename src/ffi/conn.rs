@@ -9,9 +9,7 @@ use super::buffer::copy_to_c_buf;
 use super::config::rdmamig_config;
 use super::event::wait_of;
 use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, Castable};
-use super::last_error::{
-    bytes, bytes_mut, handle, handle_mut, items, opt_out, out_ref, record, record_or, string, Failure,
-};
+use super::last_error::{bytes, bytes_mut, handle, items, opt_out, out_ref, record, record_or, string, Failure};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
 use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistration};
@@ -39,8 +37,9 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// time, from any threads. Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, runs one at a time (each says whether
 /// `rdmamig_conn_save` may run alongside it), while the `const` calls,
-/// `rdmamig_conn_abort` among them, may run meanwhile; `rdmamig_conn_close`
-/// and `rdmamig_conn_free` need the handle to themselves. The library's own thread
+/// `rdmamig_conn_abort` among them, may run meanwhile (during
+/// `rdmamig_conn_close` too); `rdmamig_conn_free` needs the handle to itself.
+/// The library's own thread
 /// (one per connection) makes progress without the hypervisor and calls
 /// nothing back (but the log callback, `rdmamig_set_log_callback`).
 pub struct rdmamig_conn {
@@ -61,21 +60,6 @@ pub(crate) fn run<S: Into<rdmamig_status>>(
 ) -> rdmamig_status {
     match handle(conn, func, "conn") {
         Ok(c) => keep(c, body(c)),
-        Err(f) => f.record(),
-    }
-}
-
-/// As [`run`], for calls that need exclusive use.
-pub(crate) fn run_mut<S: Into<rdmamig_status>>(
-    conn: *mut rdmamig_conn,
-    func: &str,
-    body: impl FnOnce(&mut Connection) -> Result<S, Failure>,
-) -> rdmamig_status {
-    match handle_mut(conn, func, "conn") {
-        Ok(c) => {
-            let r = body(c);
-            keep(c, r)
-        }
         Err(f) => f.record(),
     }
 }
@@ -161,7 +145,7 @@ pub extern "C" fn rdmamig_connect(
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
     ffi_boundary! {
-        if let Some(mut conn) = try_box_from_ptr(conn) {
+        if let Some(conn) = try_box_from_ptr(conn) {
             if !conn.is_closed() {
                 let r = conn.close("rdmamig_conn_free");
                 keep(&conn, r.map(close_status).map_err(Failure::from));
@@ -189,14 +173,17 @@ pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
 /// migration finish.
 ///
 /// Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
-/// valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close.
+/// valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close
+/// (also one made while the first is running).
 ///
-/// Thread safety: needs exclusive use of `conn`.
+/// Thread safety: no other call may run meanwhile, but for the `const` ones
+/// (`rdmamig_conn_abort`, to stop a close that waits for the peer;
+/// `rdmamig_conn_get_stats`; `rdmamig_conn_error_message`; ...).
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_close(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {
         const F: &str = "rdmamig_conn_close";
-        run_mut(conn, F, |c| Ok(close_status(c.close(F)?)))
+        run(conn, F, |c| Ok(close_status(c.close(F)?)))
     }
 }
 
@@ -624,8 +611,9 @@ pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u
 /// `RDMAMIG_OK`, or `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
 ///
 /// Thread safety: may be called from any thread, while other calls on `conn`
-/// are running (that is what it is for), except `rdmamig_conn_close` and
-/// `rdmamig_conn_free`, which need the handle to themselves.
+/// are running (that is what it is for), `rdmamig_conn_close` among them (a
+/// close waiting for the destination's acknowledgement then returns
+/// `RDMAMIG_ERR_ABORTED`); not during or after `rdmamig_conn_free`.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_abort(conn: *const rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {

@@ -105,7 +105,9 @@ struct Shared {
 /// after another, so no stream byte lands inside a window.
 pub struct Source {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    /// The transfer thread, until `close` (or drop) joined it; locked so
+    /// that `close` can take `&self` (see `finish`).
+    thread: Mutex<Option<JoinHandle<()>>>,
     negotiated: Negotiated,
     stop: Arc<AtomicBool>,
     /// Stream bytes `put` and not queued yet. Locked while `put`, `flush`,
@@ -155,13 +157,35 @@ impl Source {
         shared.front.set_consumer(thread.thread().clone());
         Ok(Source {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
             negotiated,
             stop,
             outgoing: Mutex::new(Vec::new()),
             unregistration,
             postcopy_called: AtomicBool::new(false),
         })
+    }
+
+    /// A source with no peer and no transfer thread (for tests of the
+    /// paths that refuse a call before it reaches either).
+    #[cfg(test)]
+    pub(crate) fn detached() -> Source {
+        let shared = Arc::new(Shared {
+            front: Front::new(RamBlocks::new()),
+            counters: Arc::new(Counters::new()),
+            closing: AtomicBool::new(false),
+            max_bandwidth: AtomicU64::new(0),
+            event: Readiness::new().expect("an eventfd"),
+        });
+        Source {
+            shared,
+            thread: Mutex::new(None),
+            negotiated: Negotiated { pin_all: false, extensions: true, authenticated: false },
+            stop: Arc::new(AtomicBool::new(false)),
+            outgoing: Mutex::new(Vec::new()),
+            unregistration: None,
+            postcopy_called: AtomicBool::new(false),
+        }
     }
 
     /// What the two sides agreed on (pin-all, rdmamig extensions).
@@ -401,7 +425,16 @@ impl Source {
     /// acknowledged that it has everything. A QEMU destination has no
     /// handshake: [`Ending::Unverified`] means everything was sent and every
     /// write completed, but only QEMU itself knows whether it loaded it.
-    pub fn close(mut self) -> Result<Ending> {
+    pub fn close(self) -> Result<Ending> {
+        self.finish()
+    }
+
+    /// [`close`](Self::close) through `&self`, for a connection handle
+    /// shared with a thread that may `abort` it meanwhile (the C ABI's
+    /// `rdmamig_conn_close`): the waits below then return `Aborted`. Calls
+    /// after it fail: the window is closed and the transfer thread is gone
+    /// (the caller refuses them first, see `Connection`).
+    pub(crate) fn finish(&self) -> Result<Ending> {
         let r = if self.shared.front.window_open() { self.iteration_end() } else { Ok(()) };
         let r = r.and_then(|()| self.flush()).and_then(|()| {
             if self.negotiated.extensions {
@@ -432,9 +465,9 @@ impl Source {
         done.wait(|| self.shared.front.error.get())
     }
 
-    fn shutdown(&mut self) {
+    fn shutdown(&self) {
         self.shared.closing.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread.lock().take() {
             thread.thread().unpark();
             let _ = thread.join();
         }
