@@ -16,6 +16,7 @@ mod event;
 mod link;
 pub mod logging;
 mod page_buffer;
+mod pagemap;
 mod pin;
 mod populated;
 pub(crate) mod postcopy;

@@ -22,16 +22,11 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, OnceLock};
 
+use crate::engine::pagemap::{self, page_size, PM_PRESENT, PM_SWAP};
 use crate::{Error, ErrorKind, Result};
-
-/// /proc/<pid>/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
-const PM_PRESENT: u64 = 1 << 63;
-const PM_SWAP: u64 = 1 << 62;
-/// Pagemap entries read at a time (64 KiB of entries: 32 MiB of 4 KiB pages).
-const PAGEMAP_BATCH: u64 = 8192;
 
 /// A run of a queried range, `[start, end)` relative to the block start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,11 +63,6 @@ impl PartialEq for Memory {
 }
 
 impl Eq for Memory {}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
-}
 
 fn invalid(why: String) -> Error {
     Error::new(ErrorKind::InvalidArgument, why)
@@ -294,23 +284,11 @@ fn push(runs: &mut Vec<Run>, start: u64, end: u64, populated: bool) {
 fn pagemap_runs(host: u64, offset: u64, len: u64) -> Option<Vec<Run>> {
     let page = page_size();
     let (from, to) = (host + offset, host + offset + len);
-    let pagemap = File::open("/proc/self/pagemap").ok()?;
     let mut runs = Vec::new();
-    let mut entries = Vec::new();
-    let mut first = from / page;
-    let last = to.div_ceil(page);
-    while first < last {
-        let n = (last - first).min(PAGEMAP_BATCH);
-        entries.resize((n * 8) as usize, 0);
-        pagemap.read_exact_at(&mut entries, first * 8).ok()?;
-        for (i, e) in entries.chunks_exact(8).enumerate() {
-            let entry = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
-            let p = first + i as u64;
-            let (s, e) = ((p * page).max(from), ((p + 1) * page).min(to));
-            push(&mut runs, s - host, e - host, entry & (PM_PRESENT | PM_SWAP) != 0);
-        }
-        first += n;
-    }
+    pagemap::for_each_entry(from / page, to.div_ceil(page), |p, entry| {
+        let (s, e) = ((p * page).max(from), ((p + 1) * page).min(to));
+        push(&mut runs, s - host, e - host, entry & (PM_PRESENT | PM_SWAP) != 0);
+    })?;
     Some(runs)
 }
 
@@ -319,6 +297,7 @@ mod tests {
     use super::*;
     use crate::engine::RamBlocks;
     use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
 
     const PAGES: u64 = 64;
 
@@ -362,12 +341,9 @@ mod tests {
         file.metadata().unwrap().blocks()
     }
 
+    /// Only the bits that say populated or not.
     fn pagemap(ptr: *const u8, pages: u64) -> Vec<u64> {
-        let f = File::open("/proc/self/pagemap").unwrap();
-        let mut buf = vec![0u8; pages as usize * 8];
-        f.read_exact_at(&mut buf, ptr as u64 / page_size() * 8).unwrap();
-        // Only the bits that say populated or not: frame numbers may be hidden or change.
-        buf.chunks_exact(8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()) & (PM_PRESENT | PM_SWAP)).collect()
+        pagemap::entries(ptr, pages, PM_PRESENT | PM_SWAP)
     }
 
     /// Runs of pages `(first, last_exclusive, populated)`, in bytes.

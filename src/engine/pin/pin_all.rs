@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::engine::pagemap::page_size;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain};
@@ -130,9 +131,4 @@ fn prefault(host: usize, len: u64, counters: &Counters) {
             });
         }
     });
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
 }

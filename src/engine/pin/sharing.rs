@@ -6,16 +6,8 @@
 //! source therefore pins only ranges whose pages it already has to itself,
 //! and sends the others through a registered staging buffer.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-
 use crate::engine::is_zero;
-
-/// /proc/<pid>/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst);
-/// readable without privileges (only the frame number is hidden).
-const PM_PRESENT: u64 = 1 << 63;
-const PM_FILE_OR_SHARED_ANON: u64 = 1 << 61;
-const PM_EXCLUSIVE: u64 = 1 << 56;
+use crate::engine::pagemap::{self, page_size, PM_EXCLUSIVE, PM_FILE_OR_SHARED_ANON, PM_PRESENT};
 
 /// Whether a page with this pagemap entry would be allocated or copied by a
 /// pin: not present (never touched, or swapped out), or present but neither
@@ -23,11 +15,6 @@ const PM_EXCLUSIVE: u64 = 1 << 56;
 /// File and shmem pages are pinned in place.
 fn pin_copies(entry: u64) -> bool {
     entry & PM_PRESENT == 0 || entry & (PM_EXCLUSIVE | PM_FILE_OR_SHARED_ANON) == 0
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
 }
 
 /// Whether pinning `len` bytes at `ptr` would allocate or copy a page (see
@@ -40,12 +27,9 @@ pub unsafe fn pin_would_copy(ptr: *const u8, len: u64) -> bool {
     let page = page_size();
     let first = ptr as u64 / page;
     let last = (ptr as u64 + len).div_ceil(page);
-    // Opened for each check (once per chunk and window): a library keeps no descriptor of its own open.
-    if let Ok(pagemap) = File::open("/proc/self/pagemap") {
-        let mut entries = vec![0u8; ((last - first) * 8) as usize];
-        if pagemap.read_exact_at(&mut entries, first * 8).is_ok() {
-            return entries.chunks_exact(8).any(|e| pin_copies(u64::from_ne_bytes(e.try_into().expect("8 bytes"))));
-        }
+    let mut copies = false;
+    if pagemap::for_each_entry(first, last, |_, entry| copies |= pin_copies(entry)).is_some() {
+        return copies;
     }
     (first..last).any(|p| {
         let start = (p * page).max(ptr as u64);

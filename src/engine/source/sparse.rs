@@ -103,11 +103,8 @@ mod tests {
     const PAGE: u64 = 4096;
 
     fn pagemap_present(ptr: *const u8, pages: u64) -> Vec<bool> {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open("/proc/self/pagemap").unwrap();
-        let mut buf = vec![0u8; pages as usize * 8];
-        f.read_exact_at(&mut buf, ptr as u64 / PAGE * 8).unwrap();
-        buf.chunks_exact(8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()) >> 63 == 1).collect()
+        use crate::engine::pagemap::{entries, PM_PRESENT};
+        entries(ptr, pages, PM_PRESENT).into_iter().map(|e| e != 0).collect()
     }
 
     /// (offset, len, zero) in pages of each part.
