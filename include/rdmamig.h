@@ -736,7 +736,8 @@ typedef struct rdmamig_stats {
   uint64_t zero_chunks;
   /**
    * REGISTER_REQUEST/RESULT round trips (one per message, however many
-   * chunks it carries).
+   * chunks it carries); with pin-all, the RAM-blocks exchange, which
+   * registers every block.
    */
   uint64_t registration_round_trips;
   /**

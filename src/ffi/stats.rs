@@ -47,7 +47,8 @@ pub struct rdmamig_stats {
     /// messages instead of being written.
     pub zero_chunks: u64,
     /// REGISTER_REQUEST/RESULT round trips (one per message, however many
-    /// chunks it carries).
+    /// chunks it carries); with pin-all, the RAM-blocks exchange, which
+    /// registers every block.
     pub registration_round_trips: u64,
     /// Bytes this side has registered (pinned) now, under its pin budget:
     /// guest memory, and its own staging and post-copy buffers.

@@ -285,8 +285,10 @@ impl<R: Registrar> Dispatcher<R> {
         Step::Blocks
     }
 
-    /// Takes pin-all's registrations, one per local block.
+    /// Takes pin-all's registrations, one per local block, made for the
+    /// blocks exchange (which is then the registration round trip).
     pub fn pinned_all(&mut self, registrations: Vec<R::Registration>) {
+        Counters::add(&self.counters.registration_round_trips, 1);
         for (i, reg) in registrations.into_iter().enumerate() {
             let block = &self.ram.blocks()[i];
             Counters::add(&self.counters.chunks_registered, block.chunk_count() as u64);
