@@ -190,13 +190,20 @@ impl Connection {
         *self.last_error.lock() = Some(message.to_string());
     }
 
-    /// The last failed call's message, else the failure that ended the connection.
+    /// The last failed call's message, else the failure that ended the
+    /// connection. After `close` only the former: a failed close left its
+    /// message there, and a closed role's stored error may only say that it
+    /// was closed.
     pub fn error_message(&self) -> Option<String> {
         let ended = || match &self.role {
             Role::Source(s) => s.error(),
             Role::Destination(d) => d.error(),
         };
-        self.last_error.lock().clone().or_else(|| ended().map(|e| e.message))
+        let last = self.last_error.lock().clone();
+        match self.closed_now() {
+            true => last,
+            false => last.or_else(|| ended().map(|e| e.message)),
+        }
     }
 }
 
@@ -241,7 +248,10 @@ mod tests {
         );
         c.phase.store(CLOSING, Ordering::Relaxed);
         assert!(c.abort("f").is_ok(), "abort reaches a closing connection");
+        assert_eq!(c.error_message().as_deref(), Some("the migration was aborted by the hypervisor"));
         let e = c.close("g").expect_err("a second close");
         assert_eq!((e.kind, e.message.as_str()), (ErrorKind::State, "g: the connection is already closing"));
+        c.phase.store(CLOSED, Ordering::Relaxed);
+        assert_eq!(c.error_message(), None, "a closed role's own error is not the connection's");
     }
 }
