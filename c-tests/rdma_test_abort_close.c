@@ -5,9 +5,10 @@
  * fork(): the child is the destination, the parent the source, over rdma_cm
  * on $RXE_VM_IP (default 198.18.0.1). The destination takes one iteration
  * window, sends its pid up the pipe and stops itself (SIGSTOP): its kernel
- * still acknowledges the source's END at the transport level, but nothing
- * answers it. The source (timeout 30 s, liveness off, so only the abort can
- * end the wait) calls rdmamig_conn_close; another thread, 300 ms later,
+ * still acknowledges the source's messages at the transport level, but no
+ * READY or END_ACK comes. The source waits until the child is stopped
+ * (waitpid WUNTRACED), then (timeout 30 s, liveness off, so only the abort
+ * can end the wait) calls rdmamig_conn_close; another thread, 300 ms later,
  * checks that a second close is refused (RDMAMIG_ERR_STATE) and stats are
  * readable meanwhile, then aborts. The close must return
  * RDMAMIG_ERR_ABORTED within 2.5 s of the abort (the transfer thread's
@@ -100,7 +101,8 @@ static int source(void *arg, uint16_t port, int rd) {
     TRY(conn, rdmamig_conn_save(conn, 0, 0, RAM_MIB * MIB));
     TRY(conn, rdmamig_conn_iteration_end(conn));
     EXPECT(read(rd, &dest, sizeof dest) == (ssize_t)sizeof dest && dest > 0);
-    usleep(200000); /* the destination stops itself right after writing */
+    int ws = 0;
+    EXPECT(waitpid(dest, &ws, WUNTRACED) == dest && WIFSTOPPED(ws));
 
     struct canceller c = {.conn = conn};
     pthread_t t;
@@ -111,10 +113,10 @@ static int source(void *arg, uint16_t port, int rd) {
     pthread_join(t, NULL);
     printf("source: close returned %s %.0f ms after it began, %.0f ms after the abort\n",
            rdmamig_status_str(st), (returned - started) * 1e3, (returned - c.aborted_at) * 1e3);
+    EXPECT(st == RDMAMIG_ERR_ABORTED);
+    EXPECT(c.abort == RDMAMIG_OK);
     EXPECT(c.second_close == RDMAMIG_ERR_STATE);
     EXPECT(c.stats == RDMAMIG_OK);
-    EXPECT(c.abort == RDMAMIG_OK);
-    EXPECT(st == RDMAMIG_ERR_ABORTED);
     EXPECT(returned >= c.aborted_at); /* it waited for the abort ... */
     EXPECT(returned - c.aborted_at < bound_s); /* ... and not much longer */
     EXPECT(rdmamig_conn_close(conn) == RDMAMIG_ERR_STATE);

@@ -138,7 +138,10 @@ static inline int run_pair(int (*destination)(void *arg, int wr), int (*source)(
     else
         fprintf(stderr, "source: FAIL the destination did not start listening\n");
     close(up[0]);
-    if (src != 0) kill(child, SIGTERM);
+    if (src != 0) {
+        kill(child, SIGTERM);
+        kill(child, SIGCONT); /* a stopped child takes SIGTERM only once continued */
+    }
     int status = 0;
     waitpid(child, &status, 0);
     int dst = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);

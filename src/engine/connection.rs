@@ -5,11 +5,10 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{Destination, Ending, Negotiated, Source, Stats, Unregistration};
+use super::{Destination, Ending, Negotiated, Source, Stats};
 use crate::{Error, ErrorKind, Result};
 
 /// The role a [`Connection`] plays, for its whole life.
@@ -38,9 +37,6 @@ pub(crate) struct Connection {
     phase: AtomicU8,
     /// The message of the last call on this connection that failed.
     last_error: Mutex<Option<String>>,
-    /// Keeps the unregistration worker running until the connection is
-    /// dropped, so that closing does not wait for deregistration.
-    _unregistration: Option<Arc<Unregistration>>,
 }
 
 /// The failure for `call` on a closed connection.
@@ -58,11 +54,7 @@ const _: () = {
 
 impl Connection {
     fn new(role: Role) -> Self {
-        let unregistration = match &role {
-            Role::Source(s) => s.unregistration(),
-            Role::Destination(d) => d.unregistration(),
-        };
-        Connection { role, phase: AtomicU8::new(OPEN), last_error: Mutex::new(None), _unregistration: unregistration }
+        Connection { role, phase: AtomicU8::new(OPEN), last_error: Mutex::new(None) }
     }
 
     pub fn source(source: Source) -> Self {
@@ -82,13 +74,9 @@ impl Connection {
         c
     }
 
-    fn closed_now(&self) -> bool {
-        self.phase.load(Ordering::Acquire) == CLOSED
-    }
-
     /// `role` if the connection is not closed, else the failure for `call`.
     fn open_role(&self, call: &str) -> Result<&Role> {
-        if self.closed_now() {
+        if self.is_closed() {
             return Err(closed_error(call));
         }
         Ok(&self.role)
@@ -130,7 +118,7 @@ impl Connection {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed_now()
+        self.phase.load(Ordering::Acquire) == CLOSED
     }
 
     /// Fails after [`Connection::close`]; `Ok` for either open role.
@@ -169,20 +157,26 @@ impl Connection {
     /// during or after it, fails with `State`.
     pub fn close(&self, call: &str) -> Result<Ending> {
         if self.phase.compare_exchange(OPEN, CLOSING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return Err(match self.closed_now() {
+            return Err(match self.is_closed() {
                 true => closed_error(call),
                 false => Error::new(ErrorKind::State, format!("{call}: the connection is already closing")),
             });
         }
-        let r = match &self.role {
+        /// Closed however the close ends, a panic (caught at the C boundary) included.
+        struct Closed<'a>(&'a AtomicU8);
+        impl Drop for Closed<'_> {
+            fn drop(&mut self) {
+                self.0.store(CLOSED, Ordering::Release);
+            }
+        }
+        let _closed = Closed(&self.phase);
+        match &self.role {
             Role::Source(s) => s.finish(),
             Role::Destination(d) => {
                 d.close();
                 d.wait_end(None)
             }
-        };
-        self.phase.store(CLOSED, Ordering::Release);
-        r
+        }
     }
 
     /// Keeps `message` as the last failed call's.
@@ -200,7 +194,7 @@ impl Connection {
             Role::Destination(d) => d.error(),
         };
         let last = self.last_error.lock().clone();
-        match self.closed_now() {
+        match self.is_closed() {
             true => last,
             false => last.or_else(|| ended().map(|e| e.message)),
         }

@@ -174,11 +174,17 @@ pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
 ///
 /// Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
 /// valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close
-/// (also one made while the first is running).
+/// (also one made while the first is running). The connection's threads,
+/// queue pairs and registrations are gone once close returns; its event fd
+/// and buffers (a destination's unread stream bytes) stay until
+/// `rdmamig_conn_free`.
 ///
-/// Thread safety: no other call may run meanwhile, but for the `const` ones
+/// Thread safety: the `const` calls may run meanwhile from other threads
 /// (`rdmamig_conn_abort`, to stop a close that waits for the peer;
-/// `rdmamig_conn_get_stats`; `rdmamig_conn_error_message`; ...).
+/// `rdmamig_conn_get_stats`; `rdmamig_conn_error_message`; ...), and so may
+/// another `rdmamig_conn_close`, which returns `RDMAMIG_ERR_STATE`; no other
+/// call. Close returning does not mean that such a call has returned: let it
+/// return before `rdmamig_conn_free`.
 #[no_mangle]
 pub extern "C" fn rdmamig_conn_close(conn: *mut rdmamig_conn) -> rdmamig_status {
     ffi_boundary! {

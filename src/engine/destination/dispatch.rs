@@ -606,7 +606,10 @@ mod tests {
         // SAFETY: `Keys` touches no memory.
         let whole = unsafe { f.keys.register_remote(std::ptr::null_mut(), 3 * MIB).unwrap() };
         f.dispatcher.pinned_all(vec![whole]);
+        let trips = |f: &Fixture| f.dispatcher.counters.snapshot().registration_round_trips;
+        assert_eq!(trips(&f), 1, "the exchange that registered the block");
         assert_eq!(f.register(1, 0), whole, "pin-all answers with the block's key");
+        assert_eq!(trips(&f), 2);
         refused(f.unregister(&[1]), &["chunk 1", "not registered"]);
         assert_eq!(f.keys.live, [whole]);
     }

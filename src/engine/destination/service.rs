@@ -10,6 +10,7 @@ use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
 use super::Shared;
 use crate::engine::link::Link;
 use crate::engine::logging;
+use crate::engine::pagemap;
 use crate::engine::pin::{PinAll, Pins};
 use crate::engine::postcopy::destination::Blocked;
 use crate::engine::postcopy::plan::PlanBlock;
@@ -86,6 +87,7 @@ impl Service {
     }
 
     pub fn run(mut self) {
+        pagemap::keep_open();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the service thread panicked")));
         let end = self.judge(result);

@@ -93,6 +93,18 @@ struct Shared {
     event: Readiness,
 }
 
+impl Shared {
+    fn new(ram: RamBlocks, counters: Arc<Counters>, event: Readiness, max_bandwidth: Option<u64>) -> Arc<Shared> {
+        Arc::new(Shared {
+            front: Front::new(ram),
+            counters,
+            closing: AtomicBool::new(false),
+            max_bandwidth: AtomicU64::new(max_bandwidth.unwrap_or(0)),
+            event,
+        })
+    }
+}
+
 /// The source end of a migration connection.
 ///
 /// Thread safety: `save` may be called from several threads at once, and
@@ -138,13 +150,7 @@ impl Source {
         let link = Link::connect(host, port, config, ram.total_bytes(), counters.clone()).inspect_err(|e| {
             logging::error(format_args!("source: cannot connect to {host}:{port}: {e}"));
         })?;
-        let shared = Arc::new(Shared {
-            front: Front::new(ram.clone()),
-            counters,
-            closing: AtomicBool::new(false),
-            max_bandwidth: AtomicU64::new(config.max_bandwidth.unwrap_or(0)),
-            event,
-        });
+        let shared = Shared::new(ram.clone(), counters, event, config.max_bandwidth);
         let negotiated = link.negotiated;
         logging::info(format_args!("source: connected to {host}:{port}: {negotiated}"));
         let stop = link.stop.clone();
@@ -155,37 +161,35 @@ impl Source {
             .spawn(move || engine.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
         shared.front.set_consumer(thread.thread().clone());
-        Ok(Source {
+        Ok(Source::new(shared, Some(thread), negotiated, stop, unregistration))
+    }
+
+    fn new(
+        shared: Arc<Shared>,
+        thread: Option<JoinHandle<()>>,
+        negotiated: Negotiated,
+        stop: Arc<AtomicBool>,
+        unregistration: Option<Arc<Unregistration>>,
+    ) -> Source {
+        Source {
             shared,
-            thread: Mutex::new(Some(thread)),
+            thread: Mutex::new(thread),
             negotiated,
             stop,
             outgoing: Mutex::new(Vec::new()),
             unregistration,
             postcopy_called: AtomicBool::new(false),
-        })
+        }
     }
 
     /// A source with no peer and no transfer thread (for tests of the
     /// paths that refuse a call before it reaches either).
     #[cfg(test)]
     pub(crate) fn detached() -> Source {
-        let shared = Arc::new(Shared {
-            front: Front::new(RamBlocks::new()),
-            counters: Arc::new(Counters::new()),
-            closing: AtomicBool::new(false),
-            max_bandwidth: AtomicU64::new(0),
-            event: Readiness::new().expect("an eventfd"),
-        });
-        Source {
-            shared,
-            thread: Mutex::new(None),
-            negotiated: Negotiated { pin_all: false, extensions: true, authenticated: false },
-            stop: Arc::new(AtomicBool::new(false)),
-            outgoing: Mutex::new(Vec::new()),
-            unregistration: None,
-            postcopy_called: AtomicBool::new(false),
-        }
+        let shared =
+            Shared::new(RamBlocks::new(), Arc::new(Counters::new()), Readiness::new().expect("an eventfd"), None);
+        let negotiated = Negotiated { pin_all: false, extensions: true, authenticated: false };
+        Source::new(shared, None, negotiated, Arc::new(AtomicBool::new(false)), None)
     }
 
     /// What the two sides agreed on (pin-all, rdmamig extensions).

@@ -18,6 +18,7 @@ use super::{Command, Shared};
 use crate::bitmap::for_each_run;
 use crate::engine::link::Link;
 use crate::engine::logging;
+use crate::engine::pagemap;
 use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
 use crate::engine::postcopy;
 use crate::engine::ram::{chunk_of, RamBlocks};
@@ -149,6 +150,7 @@ impl Engine {
     }
 
     pub fn run(mut self) {
+        pagemap::keep_open();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the transfer thread panicked")));
         let failed = result.is_err();
