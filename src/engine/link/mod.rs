@@ -589,10 +589,14 @@ impl Link {
     }
 
     /// Waits for the response to the outstanding request and hands it to `f`.
+    /// The request stays pending until its response is taken, so that a
+    /// wait that fails leaves it marked as owed (see `send_error`).
     pub fn finish_request<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
         let (expect, deadline) =
-            self.pending.take().ok_or_else(|| Error::new(ErrorKind::State, "no request is outstanding"))?;
-        self.take_expected(RESPONSE, expect, deadline, f)
+            self.pending.ok_or_else(|| Error::new(ErrorKind::State, "no request is outstanding"))?;
+        let r = self.take_expected(RESPONSE, expect, deadline, f)?;
+        self.pending = None;
+        Ok(r)
     }
 
     /// Refuses a control message while a request's response is still to come.
@@ -761,7 +765,11 @@ impl Link {
     /// yet, the source's next message (the source posts before it sends). If
     /// that does not come, the peer learns of the end from the disconnect.
     pub fn send_error(&mut self) {
-        if self.lost.is_some() {
+        // Nor while the answer to a request without a deadline is owed: the
+        // peer grants no credit before it answers, and that answer may be the
+        // very work the failure ends (post-copy's whole pull, which would
+        // then run on for the grace).
+        if self.lost.is_some() || matches!(self.pending, Some((_, None))) {
             return;
         }
         self.aborting = true;
