@@ -608,8 +608,10 @@ pub extern "C" fn rdmamig_conn_wait_end(conn: *const rdmamig_conn, timeout_ms: u
 /// used yet for the source's next message, which the source posts before
 /// sending. Without it within 1 s (a peer that is busy or idle for that
 /// long) no ERROR is sent and the peer learns of the abort from the
-/// disconnect (`RDMAMIG_ERR_DISCONNECTED`); either way the migration fails
-/// on both sides. Calls blocked on the connection in other threads (`rdmamig_conn_iteration_end`,
+/// disconnect (`RDMAMIG_ERR_DISCONNECTED`). A source waiting for
+/// `rdmamig_conn_postcopy`'s end (or for pin-all's registration) does not
+/// wait: the destination grants no credit before it answers, and it would
+/// go on reading meanwhile. Either way the migration fails on both sides. Calls blocked on the connection in other threads (`rdmamig_conn_iteration_end`,
 /// `rdmamig_conn_flush`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
 /// `rdmamig_conn_postcopy`, `rdmamig_conn_wait_postcopy`) then return. Later calls fail with `RDMAMIG_ERR_ABORTED` or the error that
 /// ended the connection (a destination's `rdmamig_conn_get` first returns the
