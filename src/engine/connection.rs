@@ -171,7 +171,7 @@ impl Connection {
         }
         let _closed = Closed(&self.phase);
         match &self.role {
-            Role::Source(s) => s.finish(),
+            Role::Source(s) => s.close(),
             Role::Destination(d) => {
                 d.close();
                 d.wait_end(None)

@@ -437,6 +437,10 @@ fn stream_of_10_mib_in_odd_pieces_interleaved_with_windows() {
     assert_eq!(dest.stats().stream_bytes, TOTAL as u64);
     assert_eq!(source.close().unwrap(), Ending::Completed);
     assert_eq!(dest.wait_end(Some(Duration::from_secs(10))).unwrap(), Ending::Completed);
+    // Closed (`close` takes `&self`): no failure to report, a second close refused, nothing more sent.
+    assert!(source.error().is_none(), "{:?}", source.error());
+    assert_eq!(source.close().unwrap_err().kind, ErrorKind::State);
+    assert!(source.put(b"late").is_err());
 }
 
 /// Migrates between mismatched block lists: both sides must fail with

@@ -111,7 +111,7 @@ impl Shared {
 /// alongside `iteration_end`. `abort`, `stats`, `error` and `event_fd` may
 /// run alongside any call (`abort` is there to stop one). The calls that
 /// shape the stream and the windows (`iteration_begin`, `iteration_end`,
-/// `put`, `flush`, `postcopy`) are meant for one thread; they take `&self`
+/// `put`, `flush`, `postcopy`, `close`) are meant for one thread; they take `&self`
 /// so that an `abort` from another thread can stop one blocked in them (the
 /// C ABI relies on that). Called at once, they queue their work one call
 /// after another, so no stream byte lands inside a window.
@@ -131,6 +131,10 @@ pub struct Source {
     /// `postcopy` was called: the guest runs on the destination from then
     /// on, so no window may write into its RAM any more.
     postcopy_called: AtomicBool,
+    /// `close` was called (only the first closes).
+    close_called: AtomicBool,
+    /// `close` returned `Ok`.
+    closed_ok: AtomicBool,
 }
 
 impl Source {
@@ -179,6 +183,8 @@ impl Source {
             outgoing: Mutex::new(Vec::new()),
             unregistration,
             postcopy_called: AtomicBool::new(false),
+            close_called: AtomicBool::new(false),
+            closed_ok: AtomicBool::new(false),
         }
     }
 
@@ -409,8 +415,12 @@ impl Source {
         self.shared.event.fd()
     }
 
-    /// The stored error, if the connection failed.
+    /// The stored error, if the connection failed (not after a close that
+    /// succeeded: the stored "the connection is closed" refuses later calls).
     pub fn error(&self) -> Option<Error> {
+        if self.closed_ok.load(Ordering::Acquire) {
+            return None;
+        }
         self.shared.front.error.get()
     }
 
@@ -429,16 +439,17 @@ impl Source {
     /// acknowledged that it has everything. A QEMU destination has no
     /// handshake: [`Ending::Unverified`] means everything was sent and every
     /// write completed, but only QEMU itself knows whether it loaded it.
-    pub fn close(self) -> Result<Ending> {
-        self.finish()
-    }
-
-    /// [`close`](Self::close) through `&self`, for a connection handle
-    /// shared with a thread that may `abort` it meanwhile (the C ABI's
-    /// `rdmamig_conn_close`): the waits below then return `Aborted`. Calls
-    /// after it fail: the window is closed and the transfer thread is gone
-    /// (the caller refuses them first, see `Connection`).
-    pub(crate) fn finish(&self) -> Result<Ending> {
+    ///
+    /// Takes `&self` so that another thread may [`abort`](Self::abort) a
+    /// close that waits for the destination (share the source, e.g. in an
+    /// `Arc`): the close then fails with `Aborted`. Only the first call
+    /// closes; a second, also one made while the first runs, fails with
+    /// `State`. Afterwards the calls that would send fail, and
+    /// [`error`](Self::error) is the close's failure, if any.
+    pub fn close(&self) -> Result<Ending> {
+        if self.close_called.swap(true, Ordering::AcqRel) {
+            return Err(Error::new(ErrorKind::State, "close was called already"));
+        }
         let r = if self.shared.front.window_open() { self.iteration_end() } else { Ok(()) };
         let r = r.and_then(|()| self.flush()).and_then(|()| {
             if self.negotiated.extensions {
@@ -455,6 +466,7 @@ impl Source {
             )),
             Err(e) => logging::error(format_args!("source: close failed, the migration did not complete: {e}")),
         }
+        self.closed_ok.store(r.is_ok(), Ordering::Release);
         r
     }
 
