@@ -481,8 +481,8 @@ fn eight_sources() {
 /// Pollers per side.
 const POLLERS: usize = 2;
 
-/// A source shared with pollers: its calls run under the read lock, `close`
-/// (which takes the source) under the write lock. `None` once closed.
+/// A source shared with pollers: its calls run under the read lock; `close`
+/// takes it out under the write lock, so pollers stop once it is closed.
 struct SharedSource(RwLock<Option<Source>>);
 
 impl SharedSource {

@@ -209,7 +209,7 @@ impl Engine {
             CommandType::RegisterResult,
         )?;
         self.registering = registrations;
-        self.requests_sent += 1;
+        self.requested = true;
         Ok(())
     }
 
@@ -248,7 +248,7 @@ impl Engine {
     /// smaller first request (8 or 16 chunks, doubling) no faster (1.07-1.11
     /// against 1.09).
     pub(super) fn register_ahead(&self) -> usize {
-        let ramp = if self.requests_sent == 0 { FIRST_REQUEST } else { REGISTER_BATCH };
+        let ramp = if self.requested { REGISTER_BATCH } else { FIRST_REQUEST };
         ramp.min(self.register_batch())
     }
 

@@ -90,8 +90,8 @@ pub(super) struct Engine {
     /// (the link holds the request: `Link::request_pending`): one entry per
     /// registration, a first chunk and how many chunks from it.
     pub registering: Vec<(ChunkKey, usize)>,
-    /// Requests sent so far (sizes the next one: `register_ahead`).
-    pub requests_sent: u32,
+    /// A REGISTER_REQUEST was sent (the first is smaller: `register_ahead`).
+    pub requested: bool,
     /// (sequence, bytes) of posted writes not known to be complete.
     inflight: VecDeque<(u64, u64)>,
     inflight_bytes: u64,
@@ -135,7 +135,7 @@ impl Engine {
             deferred: Vec::new(),
             to_register: Vec::new(),
             registering: Vec::new(),
-            requests_sent: 0,
+            requested: false,
             inflight: VecDeque::new(),
             inflight_bytes: 0,
             signalled: VecDeque::new(),
