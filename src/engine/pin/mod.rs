@@ -215,9 +215,10 @@ impl Pins {
     }
 
     /// Starts pin-all: every block of `ram` registered with `access` on a
-    /// background thread (negotiation granted pin-all only if it fits the budget).
-    pub fn pin_all(&self, ram: &RamBlocks, access: Access) -> Result<PinAll> {
-        PinAll::start(self.pd.clone(), ram.clone(), access, self.counters.clone())
+    /// background thread (negotiation granted pin-all only if it fits the
+    /// budget), pre-faulted on all CPUs but `spare_cpus`.
+    pub fn pin_all(&self, ram: &RamBlocks, access: Access, spare_cpus: usize) -> Result<PinAll> {
+        PinAll::start(self.pd.clone(), ram.clone(), access, spare_cpus, self.counters.clone())
     }
 
     /// The worker, for a handle that must keep it running after the engine stops.

@@ -1,12 +1,12 @@
 //! Pin-all that scales: whole RAM blocks registered on a background thread
 //! that starts at connect, overlapping the RAM-blocks exchange. Each block
-//! is first pre-faulted in pieces by several threads (`MADV_POPULATE_WRITE`:
-//! allocating and zeroing pages is most of a registration's cost), then
-//! registered in one `ibv_reg_mr` (one key per block, as the protocol wants),
-//! which then only walks present pages.
+//! is first pre-faulted by several threads (`prefault`: allocating and
+//! zeroing pages is most of a registration's cost), then registered in one
+//! `ibv_reg_mr` (one key per block, as the protocol wants), which then only
+//! walks present pages.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
@@ -18,8 +18,12 @@ use crate::engine::stats::Counters;
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain};
 use crate::{Error, ErrorKind, Result};
 
-/// Bytes one pre-faulting thread takes at a time.
-const PIECE: u64 = 64 << 20;
+/// Bytes one pre-faulting thread takes at a time: one `madvise`, which holds the
+/// process's mmap lock for reading throughout, so every mmap or munmap of the
+/// process (a thread's start included) waits for it. 4 MiB take about 2.5 ms
+/// on rxe's TCG guest; with 64 MiB (32 ms) the second thread often could not
+/// start until the first had done nearly all.
+const PIECE: u64 = 4 << 20;
 /// Pre-faulting threads at most.
 const MAX_THREADS: usize = 8;
 
@@ -39,9 +43,16 @@ pub(crate) struct PinAll {
 }
 
 impl PinAll {
-    /// Starts registering every block of `ram` with `access`; progress goes
-    /// to `counters.pin_all_progress_bytes`, the registrations to `pinned_bytes`.
-    pub fn start(pd: Arc<ProtectionDomain>, ram: RamBlocks, access: Access, counters: Arc<Counters>) -> Result<PinAll> {
+    /// Starts registering every block of `ram` with `access`, pre-faulting
+    /// on all CPUs but `spare_cpus`; progress goes to
+    /// `counters.pin_all_progress_bytes`, the registrations to `pinned_bytes`.
+    pub fn start(
+        pd: Arc<ProtectionDomain>,
+        ram: RamBlocks,
+        access: Access,
+        spare_cpus: usize,
+        counters: Arc<Counters>,
+    ) -> Result<PinAll> {
         let slot = Arc::new(Mutex::new(Slot::default()));
         let (theirs, counting) = (slot.clone(), counters.clone());
         thread::Builder::new()
@@ -51,7 +62,7 @@ impl PinAll {
                     .blocks()
                     .iter()
                     .map(|b| {
-                        prefault(b.host, b.length, &counting);
+                        prefault(b.host, b.length, spare_cpus, &counting);
                         // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
                         let mr = unsafe { pd.register(b.host_ptr(0), b.length as usize, access) }
                             .map_err(|e| super::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed)))?;
@@ -103,31 +114,36 @@ fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     }
 }
 
-/// Populates `len` bytes at `host` for writing, in pieces on several threads.
-/// Best effort: a kernel without MADV_POPULATE_WRITE (before 5.14) leaves the
-/// faulting to the registration itself.
-fn prefault(host: usize, len: u64, counters: &Counters) {
+/// Populates `len` bytes at `host` for writing, in pieces on as many threads
+/// as there are CPUs but `spare_cpus`. Best effort: a kernel without
+/// MADV_POPULATE_WRITE (before 5.14) leaves the faulting to the registration itself.
+fn prefault(host: usize, len: u64, spare_cpus: usize, counters: &Counters) {
     let page = page_size();
     let pieces = len.div_ceil(PIECE);
-    // One CPU stays free for the connection's own threads (and the guest's hypervisor).
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (cpus - 1).clamp(1, MAX_THREADS).min(pieces as usize);
+    let threads = cpus.saturating_sub(spare_cpus).clamp(1, MAX_THREADS).min(pieces as usize);
     let next = AtomicU64::new(0);
+    // No thread populates before all have started: a thread's start maps its
+    // stack and signal stack (the mmap lock again).
+    let started = Barrier::new(threads);
     thread::scope(|s| {
         for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= pieces {
-                    return;
+            s.spawn(|| {
+                started.wait();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= pieces {
+                        return;
+                    }
+                    let start = host as u64 + i * PIECE;
+                    let end = (start + PIECE).min(host as u64 + len);
+                    // madvise wants page-aligned ranges; the pages around the block's ends are mapped too.
+                    let aligned = start & !(page - 1);
+                    let span = (end - aligned).next_multiple_of(page);
+                    // SAFETY: populating neither changes memory contents nor the mapping.
+                    unsafe { libc::madvise(aligned as *mut libc::c_void, span as usize, libc::MADV_POPULATE_WRITE) };
+                    Counters::add(&counters.pin_all_progress_bytes, end - start);
                 }
-                let start = host as u64 + i * PIECE;
-                let end = (start + PIECE).min(host as u64 + len);
-                // madvise wants page-aligned ranges; the pages around the block's ends are mapped too.
-                let aligned = start & !(page - 1);
-                let span = (end - aligned).next_multiple_of(page);
-                // SAFETY: populating neither changes memory contents nor the mapping.
-                unsafe { libc::madvise(aligned as *mut libc::c_void, span as usize, libc::MADV_POPULATE_WRITE) };
-                Counters::add(&counters.pin_all_progress_bytes, end - start);
             });
         }
     });

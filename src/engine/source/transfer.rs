@@ -190,9 +190,10 @@ impl Engine {
 
     fn serve(&mut self) -> Result<()> {
         // Pin-all starts at connect, on its own thread, and overlaps the
-        // destination's; it pins for write, as QEMU does (every page is pinned anyway).
+        // destination's; it pins for write, as QEMU does (every page is pinned
+        // anyway). One CPU stays free for the guest, which runs meanwhile.
         if self.link.negotiated.pin_all {
-            self.pin_all = Some(self.pins.pin_all(&self.ram, Access::LOCAL_WRITE)?);
+            self.pin_all = Some(self.pins.pin_all(&self.ram, Access::LOCAL_WRITE, 1)?);
         }
         loop {
             if self.link.stop.load(Ordering::Relaxed) {
