@@ -90,6 +90,9 @@ impl Service {
         pagemap::keep_open();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the service thread panicked")));
+        // A pin-all still under way stops first, not after the ERROR's grace
+        // (its drop waits for its thread: close returns with the RAM untouched).
+        drop(self.pin_all.take());
         let end = self.judge(result);
         match &end {
             Ok(Ending::Completed) => logging::info(format_args!("destination: migration completed (END acknowledged)")),

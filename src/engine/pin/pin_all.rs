@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::thread;
+use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -27,18 +27,17 @@ const PIECE: u64 = 4 << 20;
 /// Pre-faulting threads at most.
 const MAX_THREADS: usize = 8;
 
-/// Where the pin-all thread leaves its result.
-#[derive(Default)]
-struct Slot {
-    result: Option<Result<Vec<MemoryRegion>>>,
-    /// Nobody will take the result: the thread drops it itself.
-    abandoned: bool,
-}
-
 /// Registrations of whole blocks under way; `wait` for them. Dropped
-/// unfinished, the registrations are dropped (and uncounted) when done.
+/// unfinished, it stops the thread (before its next 4 MiB piece, or once
+/// the block it is registering is done) and waits for it, then drops the
+/// registrations: nothing of it touches the guest's RAM after the
+/// connection's end, when the hypervisor may unmap it.
 pub(crate) struct PinAll {
-    slot: Arc<Mutex<Slot>>,
+    /// Where the thread leaves its result.
+    result: Arc<Mutex<Option<Result<Vec<MemoryRegion>>>>>,
+    /// Nobody will take the result: the thread stops.
+    cancel: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
     counters: Arc<Counters>,
 }
 
@@ -53,38 +52,42 @@ impl PinAll {
         spare_cpus: usize,
         counters: Arc<Counters>,
     ) -> Result<PinAll> {
-        let slot = Arc::new(Mutex::new(Slot::default()));
-        let (theirs, counting) = (slot.clone(), counters.clone());
-        thread::Builder::new()
+        let (result, cancel) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
+        let (theirs, cancelled, counting) = (result.clone(), cancel.clone(), counters.clone());
+        let thread = thread::Builder::new()
             .name("rdmamig-pinall".into())
             .spawn(move || {
-                let result = ram
-                    .blocks()
-                    .iter()
-                    .map(|b| {
-                        prefault(b.host, b.length, spare_cpus, &counting);
-                        // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-                        let mr = unsafe { pd.register(b.host_ptr(0), b.length as usize, access) }
-                            .map_err(|e| super::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed)))?;
-                        counting.pin(b.length);
-                        Ok(mr)
-                    })
-                    .collect();
-                let mut slot = theirs.lock();
-                if slot.abandoned {
-                    release(result, &counting);
-                } else {
-                    slot.result = Some(result);
+                let mut mrs = Vec::with_capacity(ram.len());
+                for b in ram.blocks() {
+                    prefault(b.host, b.length, spare_cpus, &cancelled, &counting);
+                    if cancelled.load(Ordering::Relaxed) {
+                        break; // the result is dropped unread
+                    }
+                    // SAFETY: the hypervisor keeps registered blocks mapped for the
+                    // connection's life, which `PinAll::drop` (joining this thread) ends.
+                    match unsafe { pd.register(b.host_ptr(0), b.length as usize, access) } {
+                        Ok(mr) => {
+                            counting.pin(b.length);
+                            mrs.push(mr);
+                        }
+                        Err(e) => {
+                            let refused = super::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed));
+                            release(Ok(mrs), &counting);
+                            *theirs.lock() = Some(Err(refused));
+                            return;
+                        }
+                    }
                 }
+                *theirs.lock() = Some(Ok(mrs));
             })
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the pin-all thread: {e}")))?;
-        Ok(PinAll { slot, counters })
+        Ok(PinAll { result, cancel, thread: Some(thread), counters })
     }
 
     /// The registrations, one per block, once all are done; gives up when `stop` is set.
     pub fn wait(self, stop: &AtomicBool) -> Result<Vec<MemoryRegion>> {
         loop {
-            if let Some(result) = self.slot.lock().result.take() {
+            if let Some(result) = self.result.lock().take() {
                 return result;
             }
             if stop.load(Ordering::Relaxed) {
@@ -97,10 +100,12 @@ impl PinAll {
 
 impl Drop for PinAll {
     fn drop(&mut self) {
-        let mut slot = self.slot.lock();
-        match slot.result.take() {
-            Some(result) => release(result, &self.counters),
-            None => slot.abandoned = true,
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(result) = self.result.lock().take() {
+            release(result, &self.counters);
         }
     }
 }
@@ -115,9 +120,10 @@ fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
 }
 
 /// Populates `len` bytes at `host` for writing, in pieces on as many threads
-/// as there are CPUs but `spare_cpus`. Best effort: a kernel without
-/// MADV_POPULATE_WRITE (before 5.14) leaves the faulting to the registration itself.
-fn prefault(host: usize, len: u64, spare_cpus: usize, counters: &Counters) {
+/// as there are CPUs but `spare_cpus`, until `cancel` is set. Best effort: a
+/// kernel without MADV_POPULATE_WRITE (before 5.14) leaves the faulting to
+/// the registration itself.
+fn prefault(host: usize, len: u64, spare_cpus: usize, cancel: &AtomicBool, counters: &Counters) {
     let page = page_size();
     let pieces = len.div_ceil(PIECE);
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
@@ -132,7 +138,7 @@ fn prefault(host: usize, len: u64, spare_cpus: usize, counters: &Counters) {
                 started.wait();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= pieces {
+                    if i >= pieces || cancel.load(Ordering::Relaxed) {
                         return;
                     }
                     let start = host as u64 + i * PIECE;
@@ -147,4 +153,34 @@ fn prefault(host: usize, len: u64, spare_cpus: usize, counters: &Counters) {
             });
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::pagemap::{entries, PM_PRESENT};
+
+    /// Pages present in a fresh mapping of three pieces after `prefault`
+    /// with `cancel` as given, and the progress it counted.
+    fn prefaulted(cancelled: bool) -> (u64, u64) {
+        let len = 3 * PIECE;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        unsafe {
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            let ptr = libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+            assert_ne!(ptr, libc::MAP_FAILED);
+            let counters = Counters::default();
+            prefault(ptr as usize, len, 0, &AtomicBool::new(cancelled), &counters);
+            let present = entries(ptr.cast(), len / page_size(), PM_PRESENT).iter().filter(|&&e| e != 0).count();
+            libc::munmap(ptr, len as usize);
+            (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed))
+        }
+    }
+
+    #[test]
+    fn prefault_populates_every_page_unless_cancelled() {
+        let len = 3 * PIECE;
+        assert_eq!(prefaulted(false), (len / page_size(), len));
+        assert_eq!(prefaulted(true), (0, 0));
+    }
 }

@@ -153,6 +153,8 @@ impl Engine {
         pagemap::keep_open();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()))
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::State, "the transfer thread panicked")));
+        // A pin-all still under way stops first (its drop waits for its thread).
+        drop(self.pin_all.take());
         let failed = result.is_err();
         let ended = match result {
             Ok(()) => Error::new(ErrorKind::Aborted, "the connection is closed"),
