@@ -174,10 +174,13 @@ pub extern "C" fn rdmamig_conn_free(conn: *mut rdmamig_conn) {
 ///
 /// Afterwards only `rdmamig_conn_error_message` and `rdmamig_conn_free` are
 /// valid; every other call returns `RDMAMIG_ERR_STATE`, as does a second close
-/// (also one made while the first is running). The connection's threads,
-/// queue pairs and registrations are gone once close returns; its event fd
-/// and buffers (a destination's unread stream bytes) stay until
-/// `rdmamig_conn_free`.
+/// (also one made while the first is running). The connection's threads and
+/// queue pairs are gone once close returns, and its registrations are
+/// deregistered or queued for the unregistration worker (which the library
+/// waits for here when rdma-core's fork support is on, since deregistering
+/// then `madvise`s the range; `rdmamig_unregister_flush` waits for it
+/// otherwise); its event fd and buffers (a destination's unread stream
+/// bytes) stay until `rdmamig_conn_free`.
 ///
 /// Thread safety: the `const` calls may run meanwhile from other threads
 /// (`rdmamig_conn_abort`, to stop a close that waits for the peer;

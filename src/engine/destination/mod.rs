@@ -24,7 +24,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Listener, Negotiated};
 use crate::engine::logging;
-use crate::engine::pin::{Pins, Unregistration};
+use crate::engine::pin::{self, Pins, Unregistration};
 use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, PostcopyProgress, Progress};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
@@ -480,6 +480,7 @@ impl Destination {
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
+        pin::settle_at_close(self.unregistration.as_deref());
         close_return(&mut self.return_channel.lock());
     }
 }

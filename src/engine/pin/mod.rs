@@ -51,6 +51,17 @@ pub fn fork_mode() -> ForkMode {
     mode
 }
 
+/// At a connection's close: waits for the deregistrations it queued on
+/// `worker` when rdma-core's fork support is on. Deregistering a range then
+/// also `madvise`s it (MADV_DOFORK, in `ibv_dereg_mr`), which must not reach
+/// memory the hypervisor unmaps or maps anew once close has returned.
+/// Otherwise they go on in the background.
+pub fn settle_at_close(worker: Option<&Unregistration>) {
+    if let (Some(w), ForkMode::Enabled) = (worker, fork_mode()) {
+        w.flush();
+    }
+}
+
 /// The budget a connection side keeps: the configured one (`u64::MAX`:
 /// none of its own), within what RLIMIT_MEMLOCK leaves after the control
 /// channel; `None` is unlimited.

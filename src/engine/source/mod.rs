@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Negotiated};
 use crate::engine::logging;
-use crate::engine::pin::{Hint, Unregistration};
+use crate::engine::pin::{self, Hint, Unregistration};
 use crate::engine::postcopy::{self, PostcopySummary, StalePages};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
@@ -487,6 +487,7 @@ impl Source {
             thread.thread().unpark();
             let _ = thread.join();
         }
+        pin::settle_at_close(self.unregistration.as_deref());
     }
 }
 
