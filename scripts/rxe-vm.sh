@@ -41,6 +41,10 @@
 #
 # Environment (all optional):
 #   RXE_VM_MEM      guest RAM (default 2G)
+#   RXE_VM_PREALLOC=1  the host allocates the guest's RAM at boot
+#                   (-mem-prealloc): under TCG a guest page's first touch
+#                   otherwise costs a host page fault, which lands on
+#                   whichever run first gets that page (benchmarks set it)
 #   RXE_VM_SMP      vCPUs per guest (default: host cores; 1 with --pair)
 #   RXE_VM_TIMEOUT  seconds until a guest is killed (default 3000)
 #   RXE_VM_PAIR_GRACE  seconds a guest may go on after the other failed (30)
@@ -61,6 +65,8 @@ TIMEOUT=${RXE_VM_TIMEOUT:-3000}
 GRACE=${RXE_VM_PAIR_GRACE:-30}
 NO_INSTALL=${RXE_VM_NO_INSTALL:-0}
 QUIET=${RXE_VM_QUIET:-0}
+PREALLOC=()
+if [ "${RXE_VM_PREALLOC:-0}" = 1 ]; then PREALLOC=(-mem-prealloc); fi
 
 # Host packages.  Not rdma-core: it pulls in udev and systemd and isn't needed
 # (`rdma` comes from iproute2, the rxe provider from ibverbs-providers).
@@ -217,6 +223,7 @@ start_guest() {
     (set -o posix; export -p) | grep -vE '^export (PWD|OLDPWD|SHLVL|_|TERM|HOSTNAME|TMPDIR)=' > "$g/env" || true
     qemu=(qemu-system-x86_64 -nodefaults -no-user-config -display none -no-reboot
         -accel tcg,thread=multi -cpu "${RXE_VM_CPU:-Nehalem}" -smp "$SMP" -m "$MEM" -M pc
+        "${PREALLOC[@]}"
         -kernel "$KERNEL" -initrd "$INITRD"
         -append "console=ttyS0 quiet loglevel=1 panic=-1 rdinit=/init tsc=reliable mitigations=off ${RXE_VM_APPEND:-}"
         -serial "file:$g/console.log"
