@@ -59,5 +59,13 @@ pub mod bench_internals {
     pub use crate::engine::zero::{supported as zero_scans, Scan, Variant};
 }
 
+/// Failure injection for the RDMA test suite (`tests/rdma`). Not part of
+/// the API: only built with the `rdma-tests` feature.
+#[cfg(feature = "rdma-tests")]
+#[doc(hidden)]
+pub mod test_hooks {
+    pub use crate::engine::postcopy::destination::SEVER_AFTER_PAGES;
+}
+
 /// The library version, as in Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

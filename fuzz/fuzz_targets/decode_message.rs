@@ -34,7 +34,8 @@ fuzz_target!(|data: &[u8]| {
         CommandType::Error
         | CommandType::Ready
         | CommandType::RegisterFinished
-        | CommandType::UnregisterFinished => assert!(m.payload.is_empty()),
+        | CommandType::UnregisterFinished
+        | CommandType::PostcopyResume => assert!(m.payload.is_empty()),
         CommandType::RegisterRequest | CommandType::UnregisterRequest | CommandType::Compress => {
             assert!(repeat >= 1);
             assert_eq!(rr, repeat);
@@ -51,6 +52,15 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!((m.payload.len(), repeat), (QpEndpoint::SIZE, 1));
             if let Ok(qp) = QpEndpoint::decode(m.payload) {
                 assert!(qp.qpn < 1 << 24 && qp.psn < 1 << 24);
+            }
+        }
+        CommandType::PostcopyRecovery => {
+            assert_eq!((m.payload.len(), repeat), (PostcopyRecovery::SIZE, 1));
+            if let Ok(r) = PostcopyRecovery::decode(m.payload) {
+                assert_ne!(r.port, 0);
+                let mut b = [0u8; PostcopyRecovery::SIZE];
+                r.encode(&mut b);
+                assert_eq!(&b[..], m.payload);
             }
         }
         _ => {}

@@ -77,6 +77,16 @@ pub struct Config {
     /// stretch: idle time earns no burst. `None`: as fast as the link goes.
     /// `Source::set_max_bandwidth` changes it during a migration.
     pub max_bandwidth: Option<u64>,
+    /// Post-copy (rdmamig extension), on either side: how long to wait for a
+    /// lost connection to come back once the guest runs on the destination
+    /// (`None`: not at all, post-copy fails at once). A source with it
+    /// listens for the destination's recovery connection from the moment it
+    /// calls `postcopy`; a destination with it, whose source has it too,
+    /// reconnects after a transport error or a liveness failure (not after
+    /// the source's ERROR, nor when the source's listener is gone, which is
+    /// what a killed source leaves) and its vCPUs wait meanwhile. Each side
+    /// counts from the moment it noticed the loss.
+    pub postcopy_recovery: Option<Duration>,
 }
 
 impl Default for Config {
@@ -94,6 +104,7 @@ impl Default for Config {
             tos: 0,
             return_path: false,
             max_bandwidth: None,
+            postcopy_recovery: None,
         }
     }
 }

@@ -140,6 +140,31 @@ pub extern "C" fn rdmamig_config_set_liveness_ms(config: *mut rdmamig_config, li
     }
 }
 
+/// Post-copy recovery, in milliseconds (rdmamig extension, both sides): how
+/// long to wait for a lost connection to come back once the guest runs on
+/// the destination. A source with it listens for the destination's recovery
+/// connection from `rdmamig_conn_postcopy` on (on the address the
+/// destination reached it at, a port the system picks, a token only the
+/// destination learned); a destination with it, whose source has it too,
+/// reconnects after a transport error or a liveness failure, while its
+/// vCPUs stay blocked on their missing pages; the new connection is
+/// authenticated as the first was, and the pull goes on where it stopped.
+/// Not after the source's ERROR, nor when the source's listener is gone (a
+/// killed source): then post-copy fails at once, as without it. Each side
+/// counts from the moment it noticed the loss. Default 0: off.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_postcopy_recovery_ms(
+    config: *mut rdmamig_config,
+    recovery_ms: u32,
+) -> rdmamig_status {
+    ffi_boundary! {
+        set(config, "rdmamig_config_set_postcopy_recovery_ms", |c| {
+            c.postcopy_recovery = (recovery_ms != 0).then(|| Duration::from_millis(u64::from(recovery_ms)));
+            Ok(())
+        })
+    }
+}
+
 /// Pin budget, in bytes: the most guest memory this side keeps registered
 /// (pinned) at once. A source unpins least-recently-used chunks (see
 /// `rdmamig_conn_hint`) to stay under it and under the budget an rdmamig
@@ -305,6 +330,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_max_bandwidth(c, 100 << 20), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_postcopy_recovery_ms(c, 20_000), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -321,13 +347,15 @@ mod tests {
                 tos: 0x6a,
                 return_path: true,
                 max_bandwidth: Some(100 << 20),
+                postcopy_recovery: Some(Duration::from_secs(20)),
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_max_bandwidth(c, 0), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_postcopy_recovery_ms(c, 0), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
-        assert_eq!((got.liveness, got.pin_budget, got.max_bandwidth), (None, None, None));
+        assert_eq!((got.liveness, got.pin_budget, got.max_bandwidth, got.postcopy_recovery), (None, None, None, None));
         rdmamig_config_free(c);
     }
 
@@ -358,6 +386,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_protocol_version(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_timeout_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_liveness_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_postcopy_recovery_ms(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_pin_budget(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_unregister_worker(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_auth_key(n, std::ptr::null(), 0), RDMAMIG_ERR_NULL_PARAMETER);

@@ -123,9 +123,15 @@ pub struct rdmamig_postcopy_progress {
     pub pages_skipped: u64,
     /// Bytes read from the source.
     pub bytes_pulled: u64,
+    /// Lost connections post-copy got back (`rdmamig_config_set_postcopy_recovery_ms`).
+    /// Since 0.10 (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2`).
+    pub recoveries: u64,
 }
 
-const _: () = assert!(size_of::<rdmamig_postcopy_progress>() == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 as usize);
+/// The size of `rdmamig_postcopy_progress` up to `recoveries` (0.10).
+pub const RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2: u32 = 56;
+
+const _: () = assert!(size_of::<rdmamig_postcopy_progress>() == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2 as usize);
 const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
 
 /// Source: switches the migration to post-copy (rdmamig destinations only)
@@ -357,6 +363,7 @@ unsafe fn fill(out: *mut rdmamig_postcopy_progress, size: u32, p: &PostcopyProgr
         faults_served = p.faults_served,
         pages_skipped = p.pages_skipped,
         bytes_pulled = p.bytes_pulled,
+        recoveries = p.recoveries,
     );
     addr_of_mut!((*out).size).write(filled as u32);
 }
@@ -437,6 +444,7 @@ mod tests {
             faults_served: 3,
             pages_skipped: 1,
             bytes_pulled: 24576,
+            recoveries: 2,
         };
         const JUNK: u64 = 0x5555_5555_5555_5555;
         let mut buf = [JUNK; 8];
@@ -447,10 +455,16 @@ mod tests {
         assert_eq!(buf[0] >> 32, rdmamig_postcopy_phase::RDMAMIG_POSTCOPY_RUNNING as u64);
         assert_eq!((buf[1], buf[2]), (10, 4));
         assert_eq!(&buf[3..], &[JUNK; 5]);
-        // A newer caller's bigger struct: its tail is left alone.
-        unsafe { fill(out, 56, &progress) };
+        // A 0.9 caller's struct: no `recoveries`.
+        buf = [JUNK; 8];
+        unsafe { fill(out, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1, &progress) };
         assert_eq!(buf[0] as u32, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1);
         assert_eq!(&buf[1..6], &[10, 4, 3, 1, 24576]);
         assert_eq!(buf[6..], [JUNK; 2]);
+        // A newer caller's bigger struct: its tail is left alone.
+        unsafe { fill(out, 64, &progress) };
+        assert_eq!(buf[0] as u32, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2);
+        assert_eq!(&buf[1..7], &[10, 4, 3, 1, 24576, 2]);
+        assert_eq!(buf[7], JUNK);
     }
 }

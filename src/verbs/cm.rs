@@ -459,6 +459,14 @@ impl CmId {
         from_sockaddr(storage)
     }
 
+    /// This side's address on a connected (or resolved) id
+    /// (`rdma_get_local_addr`); `None` for a family other than IPv4/IPv6.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: as in `peer_addr`.
+        let storage = unsafe { &(*self.raw()).route_addr_src };
+        from_sockaddr(storage)
+    }
+
     /// Active side, after `RouteResolved` and creating the QP; completes
     /// with `Established` (carrying the acceptor's private data),
     /// `Rejected`, `Unreachable` or `ConnectError`.

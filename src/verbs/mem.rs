@@ -37,7 +37,8 @@ pub fn fork_init() -> ForkMode {
 /// on drop, after every MR and QP using it (they hold an `Arc`).
 pub struct ProtectionDomain {
     raw: NonNull<sys::ibv_pd>,
-    _id: Arc<CmId>,
+    /// The id whose device context the PD is on (kept alive with it).
+    id: Arc<CmId>,
 }
 
 // SAFETY: PDs are immutable handles; verbs using them are thread-safe.
@@ -52,7 +53,13 @@ impl ProtectionDomain {
         // SAFETY: ctx is the live device context of `id`, which we keep alive.
         let raw = unsafe { sys::ibv_alloc_pd(ctx) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_alloc_pd"))?;
-        Ok(Arc::new(ProtectionDomain { raw, _id: id.clone() }))
+        Ok(Arc::new(ProtectionDomain { raw, id: id.clone() }))
+    }
+
+    /// Whether `id`'s device is this PD's: a QP of `id` may use it.
+    /// (librdmacm opens each device once per process: ids on one device share its context.)
+    pub fn is_on(&self, id: &CmId) -> bool {
+        id.verbs("ibv_create_qp").ok() == self.id.verbs("ibv_alloc_pd").ok()
     }
 
     /// Registers `len` bytes at `addr` (`ibv_reg_mr`).

@@ -161,6 +161,17 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Moves the QP to the error state: its work requests flush, and the
+    /// peer is told nothing (its requests go unanswered).
+    pub fn to_error(&self) -> Result<()> {
+        // SAFETY: live QP.
+        let rc = unsafe { sys::rmv_qp_to_error(self.qp.as_ptr()) };
+        if rc != 0 {
+            return Err(VerbsError::new("ibv_modify_qp (to the error state)", rc));
+        }
+        Ok(())
+    }
+
     /// The queue sizes the provider actually gave (at least the requested ones).
     pub fn caps(&self) -> QpCaps {
         self.caps

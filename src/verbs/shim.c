@@ -121,6 +121,17 @@ RMV_HIDDEN int rmv_qp_connect_like(struct ibv_qp *qp, struct ibv_qp *like, int a
 				     IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* Moves `qp` to the error state (its work requests flush; nothing is sent
+ * to the peer). 0 or an errno value. */
+RMV_HIDDEN int rmv_qp_to_error(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr m;
+
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_ERR;
+	return ibv_modify_qp(qp, &m, IBV_QP_STATE);
+}
+
 RMV_HIDDEN int rmv_query_port(struct ibv_context *context, uint8_t port, struct rmv_port_info *out)
 {
 	struct ibv_port_attr attr;

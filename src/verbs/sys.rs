@@ -292,6 +292,8 @@ extern "C" {
         remote_psn: u32,
         local_psn: u32,
     ) -> c_int;
+    /// `ibv_modify_qp` to IBV_QPS_ERR: 0 or an errno value.
+    pub fn rmv_qp_to_error(qp: *mut ibv_qp) -> c_int;
     pub fn rmv_query_device(context: *mut ibv_context, out: *mut rmv_device_info) -> c_int;
     /// `ibv_query_port`, the fields of `rmv_port_info`: 0 or an errno value.
     pub fn rmv_query_port(context: *mut ibv_context, port: u8, out: *mut rmv_port_info) -> c_int;

@@ -1,7 +1,7 @@
 //! Fixed-size payload entries (fact sheet §3), plus the rdmamig block-spec extension.
 
 use super::error::{DecodeError, EncodeError};
-use super::{be32, be64, AUTH_PROOF_LEN, BLOCK_SPEC_LEN};
+use super::{be32, be64, AUTH_PROOF_LEN, BLOCK_SPEC_LEN, RECOVERY_TOKEN_LEN};
 
 /// A fixed-size payload entry.
 ///
@@ -410,6 +410,35 @@ impl Entry for PostcopySummary {
     fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         need("PostcopySummary entry", Self::SIZE, b)?;
         Ok(PostcopySummary { pages: be64(b, 0), faults: be64(b, 8), bytes: be64(b, 16) })
+    }
+}
+
+/// rdmamig extension: the payload of POSTCOPY_RECOVERY (20 bytes): the port
+/// of the source's recovery listener (on the address the destination
+/// reaches it at; a big-endian u32 below 65536) and the token a recovery
+/// connection must present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PostcopyRecovery {
+    pub port: u16,
+    pub token: [u8; RECOVERY_TOKEN_LEN],
+}
+
+impl Entry for PostcopyRecovery {
+    const SIZE: usize = 4 + RECOVERY_TOKEN_LEN;
+
+    fn encode(&self, out: &mut [u8]) {
+        let out = &mut out[..Self::SIZE];
+        put32(out, 0, self.port.into());
+        out[4..].copy_from_slice(&self.token);
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        need("PostcopyRecovery entry", Self::SIZE, b)?;
+        let port = u16::try_from(be32(b, 0)).map_err(|_| DecodeError::RecoveryPort { port: be32(b, 0) })?;
+        if port == 0 {
+            return Err(DecodeError::RecoveryPort { port: 0 });
+        }
+        Ok(PostcopyRecovery { port, token: b[4..Self::SIZE].try_into().expect("token bytes") })
     }
 }
 

@@ -50,6 +50,8 @@ pub enum DecodeError {
     PostcopyBitmap { block_index: u32, declared: u64, counted: u64 },
     /// A [`QpEndpoint`](super::QpEndpoint) whose QP number or PSN does not fit in 24 bits.
     QpEndpointRange { qpn: u32, psn: u32 },
+    /// A [`PostcopyRecovery`](super::PostcopyRecovery) whose port is 0 or does not fit in 16 bits.
+    RecoveryPort { port: u32 },
 }
 
 impl fmt::Display for DecodeError {
@@ -102,6 +104,7 @@ impl fmt::Display for DecodeError {
                 "POSTCOPY block {block_index} declares {declared} stale pages, its bitmap holds {counted} \
                  (or bits past the block's end)"
             ),
+            RecoveryPort { port } => write!(f, "POSTCOPY_RECOVERY names port {port}, not one of 1..=65535"),
             QpEndpointRange { qpn, psn } => {
                 write!(f, "queue pair endpoint {qpn:#x}/{psn:#x}: QP number and PSN are 24-bit values")
             }

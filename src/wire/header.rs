@@ -2,7 +2,8 @@
 
 use super::error::DecodeError;
 use super::{
-    be32, AUTH_NONCE_LEN, AUTH_PROOF_LEN, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CONTROL_HEADER_LEN, PROTOCOL_VERSION,
+    be32, AUTH_NONCE_LEN, AUTH_PROOF_LEN, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_RESUME, CONTROL_HEADER_LEN,
+    PROTOCOL_VERSION, RECOVERY_TOKEN_LEN,
 };
 
 /// Capabilities exchanged as rdma_cm private data: `{version, flags}`, both
@@ -54,34 +55,46 @@ impl Capabilities {
     }
 }
 
-/// A source's connect private data: the capabilities, then (rdmamig
-/// extension, when it offers `CAP_RDMAMIG_AUTH`) its authentication nonce in
-/// bytes 8..40. A QEMU destination reads only the first 8 bytes.
+/// A connect request's private data: the capabilities, then (rdmamig
+/// extension, when they offer `CAP_RDMAMIG_AUTH`) the authentication nonce
+/// in the next 32 bytes, then (when they offer `CAP_RDMAMIG_RESUME`, a
+/// destination's post-copy recovery connection) the source's recovery token
+/// in the next 16: at most 56 bytes, all rdma_cm carries in a request. A QEMU
+/// destination reads only the first 8 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectData {
     pub caps: Capabilities,
     pub nonce: Option<[u8; AUTH_NONCE_LEN]>,
+    pub token: Option<[u8; RECOVERY_TOKEN_LEN]>,
 }
 
 impl ConnectData {
-    /// The encoded bytes (8, or 40 with a nonce).
+    /// The encoded bytes (8, 40 with a nonce, 16 more with a token).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = self.caps.encode().to_vec();
         out.extend(self.nonce.iter().flatten());
+        out.extend(self.token.iter().flatten());
         out
     }
 
-    /// The capabilities, and the nonce if they offer `CAP_RDMAMIG_AUTH`
-    /// (then the buffer must hold it). Longer buffers are accepted (rdma_cm
-    /// pads the private data).
+    /// The capabilities, the nonce if they offer `CAP_RDMAMIG_AUTH` and the
+    /// token if they offer `CAP_RDMAMIG_RESUME` (then the buffer must hold
+    /// them). Longer buffers are accepted (rdma_cm pads the private data).
     pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
         let caps = Capabilities::decode(buf)?;
+        let mut at = Capabilities::LEN;
         let nonce = if caps.flags & CAP_RDMAMIG_AUTH != 0 {
+            at += AUTH_NONCE_LEN;
             Some(array(buf, Capabilities::LEN, "authentication nonce (connect private data)")?)
         } else {
             None
         };
-        Ok(ConnectData { caps, nonce })
+        let token = if caps.flags & CAP_RDMAMIG_RESUME != 0 {
+            Some(array(buf, at, "recovery token (connect private data)")?)
+        } else {
+            None
+        };
+        Ok(ConnectData { caps, nonce, token })
     }
 }
 
@@ -197,6 +210,14 @@ pub enum CommandType {
     /// rdmamig extension: the destination's response to POSTCOPY_FAULT_QP;
     /// one [`QpEndpoint`](super::QpEndpoint), its new QP, connected already.
     PostcopyFaultQpResult = 0x8000_0007,
+    /// rdmamig extension: before POSTCOPY, a source that can take a lost
+    /// post-copy link back says where (a message, no response): one
+    /// [`PostcopyRecovery`](super::PostcopyRecovery), the port of its
+    /// recovery listener and the token a recovery connection must carry.
+    PostcopyRecovery = 0x8000_0009,
+    /// rdmamig extension: the source's first request on a recovery
+    /// connection, answered (like POSTCOPY) by POSTCOPY_DONE. Empty.
+    PostcopyResume = 0x8000_000A,
 }
 
 impl CommandType {
@@ -209,7 +230,7 @@ impl CommandType {
 impl TryFrom<u32> for CommandType {
     type Error = DecodeError;
 
-    /// Maps 0..=11 and the seven extension values to the command; anything else
+    /// Maps 0..=11 and the nine extension values to the command; anything else
     /// is [`DecodeError::UnknownType`].
     fn try_from(v: u32) -> Result<Self, DecodeError> {
         use CommandType::*;
@@ -233,6 +254,8 @@ impl TryFrom<u32> for CommandType {
             0x8000_0006 => PostcopyFaultQp,
             0x8000_0007 => PostcopyFaultQpResult,
             0x8000_0008 => Postcopy,
+            0x8000_0009 => PostcopyRecovery,
+            0x8000_000A => PostcopyResume,
             other => return Err(DecodeError::UnknownType(other)),
         })
     }

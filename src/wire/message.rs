@@ -4,8 +4,8 @@ use std::marker::PhantomData;
 
 use super::entry::need;
 use super::entry::{
-    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
-    QpEndpoint, RegisterRequest, RegisterResult,
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopyRecovery, PostcopyRegion,
+    PostcopySummary, QpEndpoint, RegisterRequest, RegisterResult,
 };
 use super::error::{DecodeError, EncodeError};
 use super::header::{decode_header, encode_header, CommandType, ControlHeader};
@@ -113,7 +113,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 ///
 /// | type | rule |
 /// |---|---|
-/// | ERROR, READY, REGISTER_FINISHED, UNREGISTER_FINISHED, END_ACK | `len == 0` (any repeat) |
+/// | ERROR, READY, REGISTER_FINISHED, UNREGISTER_FINISHED, END_ACK, POSTCOPY_RESUME | `len == 0` (any repeat) |
 /// | QEMU_FILE | any `len`, including 0 |
 /// | RAM_BLOCKS_REQUEST | `len == 0`, or `len == repeat × 256` (block-spec extension) |
 /// | RAM_BLOCKS_RESULT | `repeat ≥ 1`, `len % 32 == 0` (QEMU sends repeat 1 for n entries) |
@@ -124,6 +124,7 @@ fn empty(kind: CommandType, len: u32) -> Result<(), DecodeError> {
 /// | POSTCOPY (extension) | `len == 0` (no stale page), or `len == repeat × 40` ([`PostcopyBlock`]) |
 /// | POSTCOPY_DONE (extension) | `repeat == 1`, `len == 24` (one [`PostcopySummary`]) |
 /// | POSTCOPY_FAULT_QP and its RESULT (extension) | `repeat == 1`, `len == 8` (one [`QpEndpoint`]) |
+/// | POSTCOPY_RECOVERY (extension) | `repeat == 1`, `len == 20` (one [`PostcopyRecovery`]) |
 ///
 /// Entry contents (e.g. COMPRESS value ≠ 0) are checked by [`Message::entries`].
 pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
@@ -146,7 +147,9 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
     use CommandType as T;
     match kind {
         T::None => return Err(DecodeError::NoneType),
-        T::Error | T::Ready | T::RegisterFinished | T::UnregisterFinished | T::EndAck => empty(kind, len)?,
+        T::Error | T::Ready | T::RegisterFinished | T::UnregisterFinished | T::EndAck | T::PostcopyResume => {
+            empty(kind, len)?
+        }
         T::QemuFile => {}
         T::RamBlocksRequest => {
             if len != 0 {
@@ -170,6 +173,7 @@ pub fn decode_message(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
         T::Postcopy => exact_entries(kind, len, repeat, PostcopyBlock::SIZE)?,
         T::PostcopyDone => exactly_one(kind, len, repeat, PostcopySummary::SIZE)?,
         T::PostcopyFaultQp | T::PostcopyFaultQpResult => exactly_one(kind, len, repeat, QpEndpoint::SIZE)?,
+        T::PostcopyRecovery => exactly_one(kind, len, repeat, PostcopyRecovery::SIZE)?,
     }
     Ok(Message { kind, repeat, payload })
 }

@@ -24,7 +24,11 @@
 //! source, [`postcopy_table`]) answered by
 //! POSTCOPY_DONE = 0x80000005 ([`PostcopySummary`]),
 //! after POSTCOPY_FAULT_QP = 0x80000006 and its result 0x80000007 (one
-//! [`QpEndpoint`] each) set up the queue pair for fault reads.
+//! [`QpEndpoint`] each) set up the queue pair for fault reads, and
+//! POSTCOPY_RECOVERY = 0x80000009 ([`PostcopyRecovery`]) named the source's
+//! recovery listener; on a recovery connection (its request carries
+//! [`CAP_RDMAMIG_RESUME`] and the token) POSTCOPY_RESUME = 0x8000000A,
+//! empty, is answered by POSTCOPY_DONE.
 
 mod entry;
 mod error;
@@ -35,8 +39,8 @@ mod message;
 mod tests;
 
 pub use entry::{
-    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
-    QpEndpoint, RegisterRequest, RegisterResult,
+    AuthProof, BlockSpec, Compress, DestBlock, EndSummary, Entry, PostcopyBlock, PostcopyRecovery, PostcopyRegion,
+    PostcopySummary, QpEndpoint, RegisterRequest, RegisterResult,
 };
 pub use error::{DecodeError, EncodeError};
 pub use header::{
@@ -78,8 +82,17 @@ pub const CAP_RDMAMIG_EXT: u32 = 0x8000_0000;
 /// destination that grants it appends its own nonce and its proof
 /// ([`AcceptData`]), and the source's first message is AUTH with its proof.
 pub const CAP_RDMAMIG_AUTH: u32 = 0x4000_0000;
+/// Capability (rdmamig extension, only with [`CAP_RDMAMIG_EXT`]): set by a
+/// destination that reconnects to its source's recovery listener after the
+/// post-copy link was lost; a [`RECOVERY_TOKEN_LEN`]-byte token follows the
+/// nonce ([`ConnectData`]), the one the source sent in POSTCOPY_RECOVERY.
+/// The source's recovery listener grants it; a destination's listener never
+/// does (it masks it away).
+pub const CAP_RDMAMIG_RESUME: u32 = 0x2000_0000;
 /// Every capability bit rdmamig understands.
-pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH;
+pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME;
+/// Size of a post-copy recovery token.
+pub const RECOVERY_TOKEN_LEN: usize = 16;
 /// Size of an authentication nonce.
 pub const AUTH_NONCE_LEN: usize = 32;
 /// Size of an authentication proof (an HMAC-SHA-256 tag).

@@ -48,7 +48,9 @@ fn constants() {
     assert_eq!(CAP_PIN_ALL, 1);
     assert_eq!(CAP_RDMAMIG_EXT, 0x8000_0000);
     assert_eq!(CAP_RDMAMIG_AUTH, 0x4000_0000);
-    assert_eq!(KNOWN_CAPS, 0xC000_0001);
+    assert_eq!(CAP_RDMAMIG_RESUME, 0x2000_0000);
+    assert_eq!(KNOWN_CAPS, 0xE000_0001);
+    assert_eq!((RECOVERY_TOKEN_LEN, PostcopyRecovery::SIZE), (16, 20));
     assert_eq!((AUTH_NONCE_LEN, AUTH_PROOF_LEN, AuthProof::SIZE), (32, 32, 32));
     assert_eq!(BLOCK_SPEC_LEN, 256);
     assert_eq!(RegisterRequest::SIZE, 24);
@@ -79,7 +81,9 @@ fn command_type_numbers() {
     assert_eq!(CommandType::try_from(0x8000_0006), Ok(CommandType::PostcopyFaultQp));
     assert_eq!(CommandType::try_from(0x8000_0007), Ok(CommandType::PostcopyFaultQpResult));
     assert_eq!(CommandType::try_from(0x8000_0008), Ok(CommandType::Postcopy));
-    assert_eq!(CommandType::try_from(0x8000_0009), Err(DecodeError::UnknownType(0x8000_0009)));
+    assert_eq!(CommandType::try_from(0x8000_0009), Ok(CommandType::PostcopyRecovery));
+    assert_eq!(CommandType::try_from(0x8000_000A), Ok(CommandType::PostcopyResume));
+    assert_eq!(CommandType::try_from(0x8000_000B), Err(DecodeError::UnknownType(0x8000_000B)));
 }
 
 #[test]
@@ -200,6 +204,27 @@ fn postcopy_messages() {
             assert!(matches!(m.collect_entries::<QpEndpoint>(), Err(DecodeError::QpEndpointRange { .. })));
         }
     }
+
+    // POSTCOPY_RECOVERY: one entry, a port in 1..=65535 and the token.
+    let offer = PostcopyRecovery { port: 0xbeef, token: [0x5a; RECOVERY_TOKEN_LEN] };
+    let mut w = MessageWriter::new(&mut buf, CommandType::PostcopyRecovery);
+    w.push(&offer).unwrap();
+    let n = w.finish();
+    assert_eq!(&buf[16..20], &[0, 0, 0xbe, 0xef]);
+    assert_eq!(&buf[20..n], &[0x5a; 16]);
+    assert_eq!(decode_message(&buf[..n]).unwrap().collect_entries::<PostcopyRecovery>().unwrap(), vec![offer]);
+    assert!(decode_message(&msg(CommandType::PostcopyRecovery, 1, &[0; 19])).is_err());
+    assert!(decode_message(&msg(CommandType::PostcopyRecovery, 2, &[0; 40])).is_err());
+    for port in [0u32, 0x1_0000] {
+        let mut bad = [0u8; 20];
+        bad[..4].copy_from_slice(&port.to_be_bytes());
+        let bytes = msg(CommandType::PostcopyRecovery, 1, &bad);
+        let m = decode_message(&bytes).unwrap();
+        assert_eq!(m.collect_entries::<PostcopyRecovery>(), Err(DecodeError::RecoveryPort { port }));
+    }
+    // POSTCOPY_RESUME: empty.
+    assert!(decode_message(&msg(CommandType::PostcopyResume, 0, &[])).is_ok());
+    assert!(decode_message(&msg(CommandType::PostcopyResume, 1, &[0; 8])).is_err());
 }
 
 #[test]
@@ -815,7 +840,7 @@ fn accept_data_carries_the_pin_budget() {
 #[test]
 fn authentication_nonces_and_proofs_follow_the_capabilities() {
     let caps = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH);
-    let c = ConnectData { caps, nonce: Some([0x11; AUTH_NONCE_LEN]) };
+    let c = ConnectData { caps, nonce: Some([0x11; AUTH_NONCE_LEN]), token: None };
     let bytes = c.encode();
     assert_eq!(bytes.len(), 40);
     assert_eq!(&bytes[..8], &[0, 0, 0, 1, 0xC0, 0, 0, 0]);
@@ -824,7 +849,20 @@ fn authentication_nonces_and_proofs_follow_the_capabilities() {
     assert_eq!(ConnectData::decode(&padded), Ok(c));
     assert!(ConnectData::decode(&bytes[..39]).is_err(), "the flag promises a nonce");
     let plain = Capabilities::v1(CAP_RDMAMIG_EXT);
-    assert_eq!(ConnectData::decode(&plain.encode()), Ok(ConnectData { caps: plain, nonce: None }));
+    assert_eq!(ConnectData::decode(&plain.encode()), Ok(ConnectData { caps: plain, nonce: None, token: None }));
+
+    // A recovery connection's request: the token after the nonce, 56 bytes in all (rdma_cm's most).
+    let resume = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME);
+    let r = ConnectData { caps: resume, nonce: Some([0x11; AUTH_NONCE_LEN]), token: Some([0x44; RECOVERY_TOKEN_LEN]) };
+    let bytes = r.encode();
+    assert_eq!(bytes.len(), 56);
+    assert_eq!(&bytes[40..], &[0x44; 16]);
+    assert_eq!(ConnectData::decode(&bytes), Ok(r));
+    assert!(ConnectData::decode(&bytes[..55]).is_err(), "the flag promises a token");
+    let resume = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_RESUME);
+    let r = ConnectData { caps: resume, nonce: None, token: Some([0x44; RECOVERY_TOKEN_LEN]) };
+    assert_eq!(r.encode().len(), 24);
+    assert_eq!(ConnectData::decode(&r.encode()), Ok(r));
 
     let challenge = AuthChallenge { nonce: [0x22; AUTH_NONCE_LEN], proof: [0x33; AUTH_PROOF_LEN] };
     let a = AcceptData { caps, pin_budget: None, auth: Some(challenge) };

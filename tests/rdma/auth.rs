@@ -154,7 +154,7 @@ fn handshake(source_nonce: [u8; 32]) -> Handshake {
     let registry = ram.registry();
     let (listener, port) = listen(&Config { pin_all: true, ..keyed(KEY) });
     let accept = thread::spawn(move || Destination::accept(&listener, &registry, Some(CRAFTED_ACCEPT_WAIT)));
-    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some(source_nonce) };
+    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some(source_nonce), token: None };
     let peer = Peer::connect(port, &hello.encode()).expect("the keyed destination accepts the connection");
     let accepted = AcceptData::decode(&peer.accepted).expect("accept private data");
     let challenge = accepted.auth.expect("the destination's challenge");

@@ -458,3 +458,87 @@ fn pair_link_down_in_postcopy_fails_both_sides() {
         }
     }
 }
+
+/// RAM of the recovery test: every page stale, so that the pull still runs
+/// (a few seconds under TCG) when the link goes down.
+const RAM_RECOVER: u64 = 128 * MIB;
+const PORT_RECOVER: u16 = 18_518;
+/// How long the link stays down: past both sides' detection (liveness).
+const RECOVER_DOWN: Duration = Duration::from_secs(6);
+
+/// The recovery test's guest RAM: word `i` is a function of `i`, so the
+/// destination guest checks every word without the source's copy.
+fn recover_word(i: u64) -> u64 {
+    let mut x = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The source guest's link goes down in post-copy for longer than the
+/// liveness, then comes back: with post-copy recovery on, both sides notice
+/// the loss, the source waits on its recovery listener, the destination
+/// reconnects once the link is back (its attempts fail meanwhile), and the
+/// migration completes over the new connection, byte for byte.
+#[test]
+#[ignore = "needs two guests: scripts/rxe-vm.sh --pair (see scripts/rdma-suite.sh)"]
+fn pair_link_down_in_postcopy_recovers() {
+    let Some(role) = role("pair_link_down_in_postcopy_recovers") else { return };
+    let start = Instant::now();
+    let hook = move |level, message: &str| eprintln!("[{:>7.3} s] {level:?}: {message}", start.elapsed().as_secs_f64());
+    rdmamig::set_log_hook(Some(Box::new(hook)), rdmamig::LogLevel::Debug).unwrap();
+    // Short connection attempts, so the destination tries again soon after the link is back.
+    let config =
+        Config { postcopy_recovery: Some(Duration::from_secs(40)), timeout: Duration::from_secs(5), ..config() };
+    ping_peer();
+    let words = RAM_RECOVER / 8;
+    match role {
+        Role::Destination => {
+            let ram = GuestRam::new(RAM_RECOVER, 0);
+            let dest = accept_pair(&ram, RAM_RECOVER, PORT_RECOVER, &config, "recover");
+            dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).expect("post-copy running");
+            barrier("recover-running");
+            let started = Instant::now();
+            let done = loop {
+                match dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(2))) {
+                    Err(e) if e.kind == ErrorKind::Timeout && started.elapsed() < STUCK => {
+                        eprintln!("destination: {:?}", dest.postcopy_progress());
+                    }
+                    r => break r.expect("post-copy over a recovered link"),
+                }
+            };
+            eprintln!("destination: {done:?}");
+            assert_eq!((done.recoveries, done.pages_remaining), (1, 0), "{done:?}");
+            assert_eq!(dest.wait_end(Some(STUCK)).expect("the migration's end"), rdmamig::Ending::Completed);
+            let got = ram.bytes().chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap()));
+            let bad = got.enumerate().filter(|&(i, w)| w != recover_word(i as u64)).count();
+            assert_eq!(bad, 0, "destination: {bad} words differ from the source's");
+            barrier("recover-done");
+        }
+        Role::Source => {
+            let ram = GuestRam::new(RAM_RECOVER, 0);
+            for i in 0..words {
+                ram.write_u64(i * 8, recover_word(i));
+            }
+            let source = connect_pair(&ram, RAM_RECOVER, PORT_RECOVER, &config, "recover");
+            source.iteration_begin().expect("iteration_begin");
+            source.iteration_end().expect("iteration_end");
+            let bitmap = vec![!0u64; (RAM_RECOVER / PAGE / 64) as usize];
+            let (tx, postcopy) = mpsc::channel();
+            thread::spawn(move || {
+                let r = source.postcopy(&[StalePages { block: 0, bitmap }]);
+                let _ = tx.send((r, source));
+            });
+            barrier("recover-running");
+            let link_down = LinkDown::take();
+            thread::sleep(RECOVER_DOWN);
+            drop(link_down);
+            eprintln!("source: link up again");
+            let (r, source) = postcopy.recv_timeout(STUCK).expect("postcopy still waits 60 s after the link came back");
+            let summary = r.expect("post-copy over a recovered link");
+            eprintln!("source: {summary:?}");
+            assert_eq!(source.close().expect("close"), rdmamig::Ending::Completed);
+            barrier("recover-done");
+        }
+    }
+}

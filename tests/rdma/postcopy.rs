@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, Ending, ErrorKind, PostcopyPhase, Source, StalePages};
+use rdmamig::{AuthKey, Config, Destination, Ending, ErrorKind, PostcopyPhase, Source, StalePages};
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
 use super::memory::Rss;
@@ -226,6 +226,16 @@ fn postcopy_into_shared_memory_guest_ram() {
     postcopy_run(Precopy::OneWindow, GuestRam::shared, VCPUS, Duration::ZERO);
 }
 
+/// A link lost in the middle of post-copy (the destination's QPs fail
+/// without a connection event, after a quarter of the stale pages): with
+/// recovery on, the destination reconnects to the source's recovery
+/// listener, the reads lost with the link are read again, and the guest
+/// comes out byte for byte as without the loss.
+#[test]
+fn postcopy_recovers_a_lost_connection() {
+    postcopy_run_severed(Precopy::OneWindow, GuestRam::new, VCPUS, Duration::ZERO, Some(PAGES / 16));
+}
+
 /// The acceptance run: a writer dirties pages faster than the link
 /// sends them, so pre-copy rounds do not converge; after `ROUNDS` of them
 /// the guest stops and post-copy moves what is left.
@@ -365,17 +375,40 @@ fn precopy_phase(precopy: Precopy, src: &Arc<GuestRam>, source: &mut Source, des
 /// `vcpus` vCPU threads that pause `think` between touches; prints what it
 /// measured.
 fn postcopy_run(precopy: Precopy, dst_ram: fn(u64, u8) -> GuestRam, vcpus: u64, think: Duration) {
+    postcopy_run_severed(precopy, dst_ram, vcpus, think, None)
+}
+
+/// As `postcopy_run`; with `sever_after`, both sides have post-copy recovery
+/// on and the destination's link is severed (its QPs to the error state, no
+/// connection event) once it installed that many stale pages: the migration
+/// must come out the same, over one recovered connection.
+fn postcopy_run_severed(
+    precopy: Precopy,
+    dst_ram: fn(u64, u8) -> GuestRam,
+    vcpus: u64,
+    think: Duration,
+    sever_after: Option<u64>,
+) {
     let src = Arc::new(GuestRam::new(LEN, 0));
     let dst = Arc::new(dst_ram(LEN, 0xAA));
     let mut rng = Rng::new(13);
     for off in (0..LEN).step_by(8) {
         src.write_u64(off, rng.next());
     }
-    let config = Config::default();
+    // With recovery, authenticated: the recovery connection must prove the key again.
+    let config = match sever_after {
+        None => Config::default(),
+        Some(_) => Config {
+            postcopy_recovery: Some(Duration::from_secs(20)),
+            auth_key: Some(AuthKey::new(&[0x3c; 32]).unwrap()),
+            ..Config::default()
+        },
+    };
     let (mut source, dest) = connect(&one_block(&src, LEN), &config, one_block(&dst, LEN), &config);
     assert!(source.negotiated().extensions);
     let bitmap = precopy_phase(precopy, &src, &mut source, &dest);
     let stale = count(&bitmap);
+    rdmamig::test_hooks::SEVER_AFTER_PAGES.store(sever_after.unwrap_or(0), Ordering::Relaxed);
 
     // The guest stops; device state, then post-copy.
     let blob: Vec<u8> = (0..10_000u32).map(|i| (i * 31 + 7) as u8).collect();
@@ -441,6 +474,8 @@ fn postcopy_run(precopy: Precopy, dst_ram: fn(u64, u8) -> GuestRam, vcpus: u64, 
         .collect();
     let finished = dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(120))).unwrap();
     let took = started.elapsed();
+    assert_eq!(rdmamig::test_hooks::SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed), 0, "the link was not severed");
+    assert_eq!(finished.recoveries, u64::from(sever_after.is_some()), "{finished:?}");
     done.store(true, Ordering::Relaxed);
     let mut writes = Vec::new();
     let mut reads = Vec::new();
@@ -522,6 +557,14 @@ fn killed_page(page: u64) -> Vec<u8> {
     (0..PAGE / 8).flat_map(|w| killed_word(page, w, round).to_ne_bytes()).collect()
 }
 
+/// Both sides of the killed-source test have post-copy recovery on: a
+/// killed source leaves no recovery listener, so the destination's one
+/// reconnection attempt is refused at once and the failure comes as fast as
+/// without recovery (which takes the same path minus that attempt).
+fn recovering() -> Config {
+    Config { postcopy_recovery: Some(Duration::from_secs(30)), ..Config::default() }
+}
+
 /// Runs as a separate process: a source that starts post-copy and is killed in it.
 #[test]
 #[ignore = "child process of postcopy_source_killed_reports_and_installs_no_wrong_page"]
@@ -534,7 +577,7 @@ fn postcopy_source_child() {
             src.write_u64(page * PAGE + w * 8, killed_word(page, w, 0));
         }
     }
-    let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, LEN)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &recovering(), &one_block(&src, LEN)).unwrap();
     source.iteration_begin().unwrap();
     source.save(0, 0, LEN).unwrap();
     source.iteration_end().unwrap();
@@ -590,7 +633,7 @@ fn postcopy_source_killed_reports_and_installs_no_wrong_page() {
     let exe = ChildExe::copy();
     // Leaked: vCPU threads parked in the SIGSEGV handler must never see it unmapped.
     let dst: &'static GuestRam = Box::leak(Box::new(GuestRam::new(LEN, 0xAA)));
-    let (listener, port) = listen(&Config::default());
+    let (listener, port) = listen(&recovering());
     let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_source_child", CHILD_ENV, &port.to_string());
     let dest = Destination::accept(&listener, &one_block(dst, LEN), Some(Duration::from_secs(60))).unwrap();
     peer.expect("postcopy");

@@ -13,8 +13,8 @@ use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{is_zero, validate, Ending, Event};
 use crate::wire::{
-    BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter, QpEndpoint,
-    RegisterRequest, RegisterResult,
+    BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,
+    PostcopyRecovery, QpEndpoint, RegisterRequest, RegisterResult,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -65,6 +65,9 @@ pub enum Step {
     /// POSTCOPY_FAULT_QP (rdmamig extension): connect a fault QP to this
     /// one of the source's and answer with it.
     FaultQp(QpEndpoint),
+    /// POSTCOPY_RECOVERY (rdmamig extension): where the source takes a
+    /// recovery connection, should post-copy's connection be lost.
+    Recovery(PostcopyRecovery),
 }
 
 /// An answer to the source.
@@ -249,6 +252,9 @@ impl<R: Registrar> Dispatcher<R> {
             }
             CommandType::PostcopyFaultQp if self.extensions && self.blocks_exchanged && !self.in_window => {
                 Step::FaultQp(entries::<QpEndpoint>(m)?[0])
+            }
+            CommandType::PostcopyRecovery if self.extensions && self.blocks_exchanged && !self.in_window => {
+                Step::Recovery(entries::<PostcopyRecovery>(m)?[0])
             }
             other => return Err(protocol(format!("unexpected {other:?} message from the source"))),
         };

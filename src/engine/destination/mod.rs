@@ -171,7 +171,7 @@ impl Destination {
         });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
-        let service = Service::new(link, pins, ram.clone(), shared.clone(), observer);
+        let service = Service::new(link, pins, ram.clone(), shared.clone(), observer, listener.config());
         let thread = thread::Builder::new()
             .name("rdmamig-dest".into())
             .spawn(move || service.run())

@@ -14,11 +14,11 @@ use crate::engine::pagemap;
 use crate::engine::pin::{PinAll, Pins};
 use crate::engine::postcopy::destination::Blocked;
 use crate::engine::postcopy::plan::PlanBlock;
-use crate::engine::postcopy::{self, PostcopyPhase};
+use crate::engine::postcopy::{self, PostcopyPhase, Recovery};
 use crate::engine::ram::RamBlocks;
-use crate::engine::Ending;
+use crate::engine::{Config, Ending};
 use crate::verbs::{Access, MemoryRegion};
-use crate::wire::CommandType;
+use crate::wire::{CommandType, PostcopyRecovery};
 use crate::{Error, ErrorKind, Result};
 
 /// Stream bytes buffered at most before the service thread stops granting credits.
@@ -74,16 +74,36 @@ pub(super) struct Service {
     /// A post-copy's userfaultfd while it runs; left here by a failure, so
     /// that the blocked threads are released after the failure is reported.
     postcopy_blocked: Option<Blocked>,
+    /// This side's settings (post-copy's recovery reconnects with them).
+    config: Config,
+    /// Where the source takes a recovery connection (POSTCOPY_RECOVERY).
+    recovery: Option<PostcopyRecovery>,
 }
 
 impl Service {
-    pub fn new(link: Link, pins: Pins, ram: RamBlocks, shared: Arc<Shared>, observer: Option<Observer>) -> Service {
+    pub fn new(
+        link: Link,
+        pins: Pins,
+        ram: RamBlocks,
+        shared: Arc<Shared>,
+        observer: Option<Observer>,
+        config: &Config,
+    ) -> Service {
         let (extensions, pin_all) = (link.negotiated.extensions, link.negotiated.pin_all);
         let mut dispatcher = Dispatcher::new(ram, extensions, pin_all, shared.counters.clone());
         if let Some(observer) = observer {
             dispatcher.set_observer(observer);
         }
-        Service { link, pins, pin_all: None, dispatcher, shared, postcopy_blocked: None }
+        Service {
+            link,
+            pins,
+            pin_all: None,
+            dispatcher,
+            shared,
+            postcopy_blocked: None,
+            config: config.clone(),
+            recovery: None,
+        }
     }
 
     pub fn run(mut self) {
@@ -181,6 +201,7 @@ impl Service {
                 }
                 Step::Postcopy(plan) => self.postcopy(plan)?,
                 Step::FaultQp(remote) => self.link.accept_fault_qp(remote)?,
+                Step::Recovery(source) => self.recovery = Some(source),
                 Step::Last(reply, end) => {
                     self.answer(&reply)?;
                     return end;
@@ -200,6 +221,10 @@ impl Service {
         };
         // The source writes no more: its registrations' budget serves post-copy's buffers.
         self.dispatcher.release_all(&mut self.pins);
+        let recovery = match (self.config.postcopy_recovery, self.recovery) {
+            (Some(window), Some(source)) => Some(Recovery { config: &self.config, window, source }),
+            _ => None,
+        };
         let summary = postcopy::destination::run(
             &mut self.link,
             &self.pins,
@@ -208,6 +233,7 @@ impl Service {
             &self.shared.fetches,
             &notify,
             &mut self.postcopy_blocked,
+            recovery,
         )?;
         self.link.close_fault_qp();
         self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;

@@ -26,6 +26,7 @@ use crate::{Error, ErrorKind, Result};
 
 mod auth;
 mod fault_qp;
+mod recovery;
 mod setup;
 
 pub use setup::{Listener, Negotiated};
@@ -165,8 +166,26 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    fn new(id: Arc<CmId>, negotiated: Negotiated, config: &Config, counters: Arc<Counters>) -> Result<Link> {
-        let pd = ProtectionDomain::new(&id)?;
+    /// A link on `id`, on a new protection domain or (a post-copy recovery
+    /// connection) on `pd`, the link's it replaces, which must be on the same device.
+    fn new(
+        id: Arc<CmId>,
+        negotiated: Negotiated,
+        config: &Config,
+        counters: Arc<Counters>,
+        pd: Option<&Arc<ProtectionDomain>>,
+    ) -> Result<Link> {
+        let pd = match pd {
+            None => ProtectionDomain::new(&id)?,
+            Some(pd) if pd.is_on(&id) => pd.clone(),
+            Some(_) => {
+                return Err(Error::new(
+                    ErrorKind::Connect,
+                    "the recovery connection runs over another RDMA device than the lost one: post-copy's \
+                     registrations cannot move to it",
+                ))
+            }
+        };
         let channel = CompletionChannel::new(&id)?;
         let cq = CompletionQueue::new(&id, CQ_ENTRIES, &channel)?;
         let caps =
@@ -540,7 +559,7 @@ impl Link {
         self.begin_request_by(deadline, kind, build, expect)
     }
 
-    fn begin_request_by(
+    pub(super) fn begin_request_by(
         &mut self,
         deadline: Option<Instant>,
         kind: CommandType,

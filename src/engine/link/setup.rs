@@ -18,6 +18,7 @@ use crate::engine::Config;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
 use crate::wire::{
     AcceptData, AuthChallenge, Capabilities, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
+    CAP_RDMAMIG_RESUME, RECOVERY_TOKEN_LEN,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -26,12 +27,26 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Transport retries of an unacknowledged packet before the QP fails (QEMU's 5).
 const RETRY_COUNT: u8 = 5;
 
-/// Which connection requests a destination takes (the allow-list applies either way).
-#[derive(Clone, Copy, Debug)]
-enum Admit {
+/// Which connection requests a listener takes (the allow-list applies either way).
+pub(super) enum Admit<'a> {
     Any,
     /// Only from the source already connected (`None`: its address is not IP).
     SameSource(Option<IpAddr>),
+    /// A source's recovery listener: only the destination's recovery connection.
+    Resume(&'a Resume<'a>),
+}
+
+/// A post-copy recovery connection (see `recovery`): the token it carries,
+/// and the link it replaces, whose protection domain (the registrations
+/// post-copy reads and reads into) it is made on.
+pub(super) struct Resume<'a> {
+    pub token: [u8; RECOVERY_TOKEN_LEN],
+    pub old: &'a Link,
+}
+
+/// Whether two tokens are equal, in a time that does not depend on where they differ.
+fn same_token(a: &[u8; RECOVERY_TOKEN_LEN], b: &[u8; RECOVERY_TOKEN_LEN]) -> bool {
+    a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// Requests refused while waiting: how many, and the last refusal.
@@ -110,6 +125,19 @@ impl Link {
     /// Source side: resolve `host:port`, connect, and negotiate capabilities
     /// for `ram_bytes` of guest RAM.
     pub fn connect(host: &str, port: u16, config: &Config, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
+        Link::connect_to(host, port, config, ram_bytes, counters, None)
+    }
+
+    /// As [`connect`](Self::connect); with `resume`, a destination's
+    /// recovery connection to its source (it reads, and it presents the token).
+    pub(super) fn connect_to(
+        host: &str,
+        port: u16,
+        config: &Config,
+        ram_bytes: u64,
+        counters: Arc<Counters>,
+        resume: Option<&Resume>,
+    ) -> Result<Link> {
         check_auth_config(config)?;
         pin::fork_mode();
         let deadline = Instant::now() + config.timeout;
@@ -138,21 +166,24 @@ impl Link {
         expect_event(&channel, CmEventKind::RouteResolved, deadline)?;
 
         let offered = Negotiated::offered(config, ram_bytes);
-        let mut link = Link::new(id, offered, config, counters)?;
+        let mut link = Link::new(id, offered, config, counters, resume.map(|r| &r.old.pd))?;
         // QEMU posts the READY receive before connecting: the destination may SEND at once.
         link.post_recv(INCOMING)?;
-        let caps = Capabilities { version: config.protocol_version, flags: offered.flags() };
+        let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
+        let caps = Capabilities { version: config.protocol_version, flags: offered.flags() | resume_flag };
         let nonce = config.auth_key.as_ref().map(|_| auth::nonce()).transpose()?;
+        let token = resume.map(|r| r.token);
         link.id.connect(&ConnParam {
-            private_data: &ConnectData { caps, nonce }.encode(),
+            private_data: &ConnectData { caps, nonce, token }.encode(),
             // The device's most (librdmacm's RDMA_MAX_RESP_RES): an rdmamig
             // destination reads this side's RAM in post-copy; QEMU never does.
-            responder_resources: MAX_RD_ATOMIC,
-            initiator_depth: 2,
+            // A recovery connection is that destination: it reads, and is not read.
+            responder_resources: if resume.is_some() { 0 } else { MAX_RD_ATOMIC },
+            initiator_depth: if resume.is_some() { MAX_RD_ATOMIC } else { 2 },
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
-        let event = wait_event(&channel, deadline)?;
+        let event = wait_event(&channel, deadline, "the answer to the connection request")?;
         match event.kind() {
             CmEventKind::Established => {
                 let accepted = AcceptData::decode(event.private_data()).map_err(protocol_error)?;
@@ -161,11 +192,17 @@ impl Link {
                     return Err(version_error(config.protocol_version, reply.version));
                 }
                 // A destination grants a subset of the offer (QEMU masks it with what it knows).
-                let extra = reply.flags & !offered.flags();
+                let extra = reply.flags & !caps.flags;
                 if extra != 0 {
                     return Err(protocol_error(format_args!(
                         "the destination granted capabilities {extra:#x} that were not offered"
                     )));
+                }
+                if reply.flags & resume_flag != resume_flag {
+                    return Err(Error::new(
+                        ErrorKind::Connect,
+                        format!("{host}:{port} is not the source's post-copy recovery listener"),
+                    ));
                 }
                 // The destination clears what it does not support; we turn those features off.
                 link.negotiated = offered.masked(reply.flags);
@@ -187,7 +224,18 @@ impl Link {
                 Ok(theirs) if theirs.flags & CAP_RDMAMIG_AUTH != 0 && config.auth_key.is_none() => {
                     Err(auth_error(format!("{host}:{port} requires peer authentication and no key is set")))
                 }
-                _ => Err(Error::new(ErrorKind::Connect, format!("{host}:{port} rejected the connection"))),
+                // Nobody listens there any more (a killed source's recovery
+                // listener is gone with it): the peer is gone, no retrying.
+                // (Other refusals may pass: on rxe a request sent while the
+                // link was down was refused, reason 28, once it came back.)
+                _ if resume.is_some() && NO_LISTENER.contains(&event.status()) => Err(Error::new(
+                    ErrorKind::Disconnected,
+                    format!("{host}:{port} refused the recovery connection: the source's recovery listener is gone"),
+                )),
+                _ => Err(Error::new(
+                    ErrorKind::Connect,
+                    format!("{host}:{port} rejected the connection (reason {})", event.status()),
+                )),
             },
             other => Err(Error::new(
                 ErrorKind::Connect,
@@ -206,7 +254,7 @@ impl Link {
         counters: Arc<Counters>,
         timeout: Option<Duration>,
     ) -> Result<Link> {
-        Link::accept_from(listener, Admit::Any, ram_bytes, counters, timeout).map_err(|(e, refused)| match refused {
+        Link::accept_from(listener, &Admit::Any, ram_bytes, counters, timeout).map_err(|(e, refused)| match refused {
             Some((n, last)) if e.kind == ErrorKind::Timeout => {
                 auth_error(format!("no source was admitted ({n} refused; the last: {})", last.message))
             }
@@ -223,7 +271,7 @@ impl Link {
     pub fn accept_return(listener: &Listener, forward: &Link, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
         let admit = Admit::SameSource(forward.peer_addr().map(|a| a.ip().to_canonical()));
         let timeout = listener.config.timeout;
-        let accepted = Link::accept_from(listener, admit, ram_bytes, counters, Some(timeout));
+        let accepted = Link::accept_from(listener, &admit, ram_bytes, counters, Some(timeout));
         let mut link = accepted.map_err(|(e, refused)| {
             if e.kind != ErrorKind::Timeout {
                 return Error::new(e.kind, format!("accepting the return-path connection: {}", e.message));
@@ -247,9 +295,9 @@ impl Link {
 
     /// Accepts the first request `admit` takes. Fails with the error and,
     /// when requests were refused meanwhile, their count and the last refusal.
-    fn accept_from(
+    pub(super) fn accept_from(
         listener: &Listener,
-        admit: Admit,
+        admit: &Admit,
         ram_bytes: u64,
         counters: Arc<Counters>,
         timeout: Option<Duration>,
@@ -280,7 +328,7 @@ impl Link {
     fn admit(
         listener: &Listener,
         event: verbs::CmEvent,
-        admit: Admit,
+        admit: &Admit,
         ram_bytes: u64,
         counters: Arc<Counters>,
     ) -> Result<Link> {
@@ -305,7 +353,7 @@ impl Link {
             let _ = id.reject(&[]);
             return Err(auth_error(format!("refused a connection from {from}: not on the allow-list")));
         }
-        if let Admit::SameSource(source) = admit {
+        if let Admit::SameSource(source) = *admit {
             if source != peer.map(|a| a.ip().to_canonical()) {
                 let _ = id.reject(&[]);
                 let source = source.map_or_else(|| "an address that is not IP".to_string(), |a| a.to_string());
@@ -323,6 +371,18 @@ impl Link {
             }
         };
         drop(event);
+        let resume = match admit {
+            Admit::Resume(resume) => Some(resume),
+            _ => None,
+        };
+        if let Some(resume) = resume {
+            if !request.token.is_some_and(|t| same_token(&t, &resume.token)) {
+                let _ = id.reject(&[]);
+                return Err(auth_error(format!(
+                    "refused a connection from {from}: not the destination's post-copy recovery (no or another token)"
+                )));
+            }
+        }
         if request.caps.version != config.protocol_version {
             // QEMU just drops such a request; rejecting tells the source why.
             let _ = id.reject(&ours.encode());
@@ -333,7 +393,8 @@ impl Link {
             let _ = id.reject(&Capabilities { flags: CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH, ..ours }.encode());
             return Err(auth_error(format!("refused a source from {from} that does not authenticate")));
         }
-        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters));
+        let pd = resume.map(|r| &r.old.pd);
+        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters, pd));
         let mut link = match link {
             Ok(link) => link,
             Err(e) => {
@@ -342,7 +403,8 @@ impl Link {
             }
         };
         // Masking unknown flags is the whole negotiation: echo what we kept.
-        let reply = Capabilities { version: request.caps.version, flags: negotiated.flags() };
+        let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
+        let reply = Capabilities { version: request.caps.version, flags: negotiated.flags() | resume_flag };
         let transcript = match (&config.auth_key, request.nonce) {
             (Some(key), Some(source_nonce)) if negotiated.authenticated => Some((
                 key,
@@ -367,9 +429,10 @@ impl Link {
         let data = if negotiated.extensions { &data[..] } else { &data[..Capabilities::LEN] };
         link.id.accept(&ConnParam {
             private_data: data,
-            responder_resources: 2,
+            // A source's recovery connection serves the destination's reads.
+            responder_resources: if resume.is_some() { MAX_RD_ATOMIC } else { 2 },
             // An rdmamig source's post-copy lets this side READ (up to what it offered).
-            initiator_depth: if negotiated.extensions { MAX_RD_ATOMIC } else { 0 },
+            initiator_depth: if negotiated.extensions && resume.is_none() { MAX_RD_ATOMIC } else { 0 },
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
@@ -382,6 +445,11 @@ impl Link {
         Ok(link)
     }
 }
+
+/// The status of a REJECTED event when nothing listens at the port: the IB
+/// CM's reason IB_CM_REJ_INVALID_SERVICE_ID (RoCE, InfiniBand), or
+/// -ECONNREFUSED (iWARP).
+const NO_LISTENER: [i32; 2] = [8, -libc::ECONNREFUSED];
 
 /// librdmacm's RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH: the device's maximum.
 const MAX_RD_ATOMIC: u8 = 0xff;
@@ -446,15 +514,16 @@ fn ack_timeout_exponent(liveness: Duration) -> u8 {
     exponent
 }
 
-fn wait_event(channel: &EventChannel, deadline: Instant) -> Result<verbs::CmEvent> {
+/// The next connection event, within `deadline`; `what` names the step for a timeout.
+fn wait_event(channel: &EventChannel, deadline: Instant, what: &str) -> Result<verbs::CmEvent> {
     let left = deadline.saturating_duration_since(Instant::now());
     channel
         .get_event(Some(left))?
-        .ok_or_else(|| Error::new(ErrorKind::Timeout, "timed out waiting for a connection event"))
+        .ok_or_else(|| Error::new(ErrorKind::Timeout, format!("timed out waiting for {what}")))
 }
 
 fn expect_event(channel: &EventChannel, kind: CmEventKind, deadline: Instant) -> Result<()> {
-    let event = wait_event(channel, deadline)?;
+    let event = wait_event(channel, deadline, &format!("a connection event ({kind:?})"))?;
     if event.kind() != kind {
         return Err(Error::new(
             ErrorKind::Connect,
@@ -539,6 +608,13 @@ impl Listener {
                 return Err(Error::new(ErrorKind::Timeout, "no connection request arrived"));
             }
         }
+    }
+
+    /// Whether a connection request (or another event) waits to be taken.
+    pub fn has_request(&self) -> bool {
+        let mut fd = libc::pollfd { fd: self.channel.fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; no wait.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 }
     }
 
     /// The port actually bound (useful after binding port 0).

@@ -22,13 +22,14 @@ use super::installer::{self, Done, Job};
 use super::plan::{read_tables, PlanBlock};
 use super::uffd::{Installed, Userfault};
 use super::wake::{self, EventFd};
-use super::{Fetch, Fetches, PostcopyPhase, Progress};
+use super::{Fetch, Fetches, PostcopyPhase, Progress, Recovery};
 use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::Link;
 use crate::engine::logging;
 use crate::engine::pin::{PinnedBuffer, Pins};
+use crate::engine::postcopy;
 use crate::verbs::Sge;
-use crate::wire::{PostcopySummary, POSTCOPY_PAGE_SIZE};
+use crate::wire::{CommandType, PostcopySummary, POSTCOPY_PAGE_SIZE};
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -64,6 +65,8 @@ const MERGE_GAP: u64 = 4;
 const SPIN_MAX: Duration = Duration::from_micros(500);
 /// Windows remembered around recent faults.
 const HOT_WINDOWS: usize = 16;
+/// Between two recovery connection attempts (the link may still be down).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// Read tags: pull slot `i` is `i`, fault slot `j` is `FAULT_TAG + j`.
 const FAULT_TAG: u64 = 1 << 16;
 
@@ -229,6 +232,7 @@ impl Drop for Blocked {
 /// faults and pulls every stale page. The userfaultfd is kept in `blocked`
 /// while it runs: on failure it stays there, for the caller to drop (the
 /// release of blocked threads) once the failure is reported.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     link: &mut Link,
     pins: &Pins,
@@ -237,6 +241,7 @@ pub(crate) fn run(
     fetches: &Fetches,
     running: &dyn Fn(),
     blocked: &mut Option<Blocked>,
+    recovery: Option<Recovery>,
 ) -> Result<PostcopySummary> {
     // SAFETY: sysconf has no preconditions.
     let host_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -304,7 +309,7 @@ pub(crate) fn run(
             fetches,
             pending: Vec::new(),
         };
-        p.serve(link, events.as_raw_fd())
+        p.serve_recovering(link, events.as_raw_fd(), recovery.as_ref())
     })?;
     let summary = PostcopySummary {
         pages: total,
@@ -316,9 +321,78 @@ pub(crate) fn run(
 }
 
 impl Puller<'_> {
+    /// The loop, and with `recovery` a new connection in place of each one
+    /// lost (`recover`), until every stale page is in place.
+    fn serve_recovering(&mut self, link: &mut Link, events: RawFd, recovery: Option<&Recovery>) -> Result<()> {
+        loop {
+            let lost = match self.serve(link, events) {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            match recovery {
+                Some(r) if postcopy::recoverable(&lost) => self.recover(link, r, lost)?,
+                _ => return Err(lost),
+            }
+        }
+    }
+
+    /// Gets a lost connection back: gives it up (the source learns at once),
+    /// forgets the reads in flight on it (their pages are read again),
+    /// reconnects to the source's recovery listener until the window ends
+    /// (at once when it is gone: the source died), takes its
+    /// POSTCOPY_RESUME. The vCPUs that wait for pages meanwhile stay blocked.
+    fn recover(&mut self, link: &mut Link, r: &Recovery, lost: Error) -> Result<()> {
+        logging::warn(format_args!(
+            "destination: post-copy's connection is lost ({lost}): reconnecting to the source for up to {:?}, \
+             {} stale pages left",
+            r.window, self.remaining
+        ));
+        link.abandon();
+        for j in 0..FAULT_SLOTS {
+            if let Some(fault) = self.faults[j].take() {
+                self.queued.push_front(fault);
+            }
+        }
+        for i in 0..PULL_SLOTS {
+            if !self.installing[i] {
+                self.pulls[i] = None;
+            }
+        }
+        // The pull's cursor is past the pages of those reads: it starts over.
+        self.cursor = (0, 0);
+        let deadline = Instant::now() + r.window;
+        let new = loop {
+            link.check_stop("post-copy's recovery")?;
+            match link.reconnect(r.config, r.source.port, r.source.token) {
+                Ok(new) => break new,
+                Err(e) if e.kind == ErrorKind::Disconnected || Instant::now() >= deadline => {
+                    return Err(Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message)));
+                }
+                Err(e) => {
+                    logging::debug(format_args!("destination: post-copy recovery: {e}; trying again"));
+                    std::thread::sleep(RECONNECT_PAUSE.min(deadline.saturating_duration_since(Instant::now())));
+                }
+            }
+        };
+        // The lost link's QPs are destroyed here, before anything is posted
+        // on the new one: no read of theirs lands in a slot used again.
+        *link = new;
+        link.receive(|m| match m.kind {
+            CommandType::PostcopyResume => Ok(()),
+            other => {
+                Err(Error::new(ErrorKind::Protocol, format!("expected POSTCOPY_RESUME, the source sent {other:?}")))
+            }
+        })?;
+        self.progress.recoveries.fetch_add(1, Ordering::Relaxed);
+        logging::info(format_args!("destination: post-copy's connection is back; the pull goes on"));
+        Ok(())
+    }
+
     /// The loop; `events` is readable when the userfaultfd or the installer has news.
     fn serve(&mut self, link: &mut Link, events: RawFd) -> Result<()> {
         loop {
+            #[cfg(feature = "rdma-tests")]
+            self.sever_for_test(link)?;
             self.take_faults()?;
             self.take_fetches();
             self.post_faults(link)?;
@@ -673,6 +747,25 @@ impl Puller<'_> {
             self.progress.pages_skipped.fetch_add(n - installed, Ordering::Relaxed);
         }
         self.no_longer_stale(block, first, n);
+        Ok(())
+    }
+}
+
+/// Test hook (`rdma-tests`): once a destination's post-copy has installed
+/// this many stale pages, its QPs go to the error state without a
+/// connection event (a lost link), once. 0: off.
+#[cfg(feature = "rdma-tests")]
+pub static SEVER_AFTER_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[cfg(feature = "rdma-tests")]
+impl Puller<'_> {
+    fn sever_for_test(&mut self, link: &Link) -> Result<()> {
+        let after = SEVER_AFTER_PAGES.load(Ordering::Relaxed);
+        let installed = self.progress.pages_total.load(Ordering::Relaxed) - self.remaining;
+        if after != 0 && installed >= after && SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed) == after {
+            logging::warn(format_args!("destination: test hook: post-copy's link severed after {installed} pages"));
+            link.sever_for_test()?;
+        }
         Ok(())
     }
 }

@@ -64,9 +64,13 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 
+use std::time::Duration;
+
 use parking_lot::Mutex;
 
-use crate::Result;
+use crate::engine::Config;
+use crate::wire::PostcopyRecovery;
+use crate::{Error, ErrorKind, Result};
 
 pub use crate::wire::PostcopySummary;
 
@@ -106,6 +110,8 @@ pub struct PostcopyProgress {
     pub pages_skipped: u64,
     /// Bytes read from the source.
     pub bytes_pulled: u64,
+    /// Lost connections post-copy got back (`Config::postcopy_recovery`).
+    pub recoveries: u64,
 }
 
 /// The live counters behind [`PostcopyProgress`], updated by the post-copy thread.
@@ -117,6 +123,7 @@ pub(crate) struct Progress {
     faults_served: AtomicU64,
     pages_skipped: AtomicU64,
     bytes_pulled: AtomicU64,
+    recoveries: AtomicU64,
 }
 
 impl Progress {
@@ -134,12 +141,29 @@ impl Progress {
             faults_served: get(&self.faults_served),
             pages_skipped: get(&self.pages_skipped),
             bytes_pulled: get(&self.bytes_pulled),
+            recoveries: get(&self.recoveries),
         }
     }
 
     pub(crate) fn set_phase(&self, p: PostcopyPhase) {
         self.phase.store(p as u8, Ordering::Release);
     }
+}
+
+/// How a destination's post-copy gets a lost connection back: its own
+/// config (`postcopy_recovery`, the window) and where its source listens
+/// (POSTCOPY_RECOVERY).
+pub(crate) struct Recovery<'a> {
+    pub config: &'a Config,
+    pub window: Duration,
+    pub source: PostcopyRecovery,
+}
+
+/// Whether a post-copy connection that failed with `e` may be got back:
+/// the transport failed or the peer went silent; not the peer's ERROR, nor
+/// the hypervisor's abort, nor a malformed message or a local fault.
+pub(crate) fn recoverable(e: &Error) -> bool {
+    matches!(e.kind, ErrorKind::Disconnected | ErrorKind::Verbs | ErrorKind::Timeout)
 }
 
 /// Pages the hypervisor asks for before anything here faults on them

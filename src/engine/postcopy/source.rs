@@ -2,17 +2,23 @@
 //! blocks that hold stale pages and the blocks' tables for remote read, set
 //! up the fault QP, send POSTCOPY, wait for POSTCOPY_DONE.
 
+use std::time::{Duration, Instant};
+
 use super::StalePages;
 use crate::bitmap::{self, for_each_run};
 use crate::engine::link::Link;
+use crate::engine::link::Listener;
 use crate::engine::logging;
 use crate::engine::page_buffer::PageBuffer;
 use crate::engine::pin::Pins;
+use crate::engine::postcopy;
 use crate::engine::ram::RamBlocks;
+use crate::engine::Config;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{
-    postcopy_bitmap_words, postcopy_table_len, CommandType, Entry, PostcopyBlock, PostcopyRegion, PostcopySummary,
-    MAX_REPEAT, POSTCOPY_MAX_REGIONS, POSTCOPY_PAGE_SIZE,
+    postcopy_bitmap_words, postcopy_table_len, CommandType, EncodeError, Entry, Message, MessageWriter, PostcopyBlock,
+    PostcopyRecovery, PostcopyRegion, PostcopySummary, MAX_REPEAT, POSTCOPY_MAX_REGIONS, POSTCOPY_PAGE_SIZE,
+    RECOVERY_TOKEN_LEN,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -78,12 +84,15 @@ impl Exposed {
 /// them. On failure they stay in `exposed`, for the caller to release once
 /// its QPs are gone: a read in flight then meets a closed connection, not a
 /// registration that vanished (a remote access error at the destination).
+/// With `config.postcopy_recovery` a lost connection is replaced by the
+/// destination's recovery connection (`link::recovery`), if it comes in time.
 pub(crate) fn run(
     link: &mut Link,
     pins: &Pins,
     ram: &RamBlocks,
     stale: &[StalePages],
     exposed: &mut Option<Exposed>,
+    config: &Config,
 ) -> Result<PostcopySummary> {
     let mut blocks: Vec<Table> = Vec::new();
     for s in stale {
@@ -98,6 +107,10 @@ pub(crate) fn run(
     regions(&mut blocks);
     let Exposed { mrs, tables } = exposed.insert(Exposed::default());
     let result = (|| {
+        let recovery = match config.postcopy_recovery {
+            Some(window) => Some(Recovery::offer(link, config, window)?),
+            None => None,
+        };
         for t in &mut blocks {
             let block = ram.get(t.entry.block_index)?;
             for r in &mut t.regions {
@@ -135,16 +148,11 @@ pub(crate) fn run(
             blocks.len(),
             mrs.len() - 1
         ));
-        let summary = link.request_by(
-            None,
-            CommandType::Postcopy,
-            |w| blocks.iter().try_for_each(|t| w.push(&t.entry)),
-            CommandType::PostcopyDone,
-            |m| {
-                let mut e = m.entries::<PostcopySummary>();
-                e.next().expect("decode_message checked one entry").map_err(crate::engine::link::protocol_error)
-            },
-        )?;
+        let build = |w: &mut MessageWriter| blocks.iter().try_for_each(|t| w.push(&t.entry));
+        let summary = match &recovery {
+            None => link.request_by(None, CommandType::Postcopy, build, CommandType::PostcopyDone, done)?,
+            Some(r) => r.request(link, build)?,
+        };
         if summary.pages != total {
             return Err(Error::new(
                 ErrorKind::Protocol,
@@ -162,6 +170,67 @@ pub(crate) fn run(
         exposed.take().expect("inserted above").release(pins);
     }
     result
+}
+
+/// The source's side of post-copy recovery: the listener a lost
+/// connection's replacement comes to, and its token.
+struct Recovery {
+    listener: Listener,
+    token: [u8; RECOVERY_TOKEN_LEN],
+    window: Duration,
+}
+
+impl Recovery {
+    /// Opens the listener and tells the destination where it is (POSTCOPY_RECOVERY).
+    fn offer(link: &mut Link, config: &Config, window: Duration) -> Result<Recovery> {
+        let listener = link.recovery_listener(config)?;
+        let mut token = [0u8; RECOVERY_TOKEN_LEN];
+        getrandom::getrandom(&mut token)
+            .map_err(|e| Error::new(ErrorKind::Verbs, format!("no random bytes for a recovery token: {e}")))?;
+        let offer = PostcopyRecovery { port: listener.port(), token };
+        link.post_message(CommandType::PostcopyRecovery, |w| w.push(&offer))?;
+        logging::debug(format_args!("source: post-copy recovery listener on port {}", offer.port));
+        Ok(Recovery { listener, token, window })
+    }
+
+    /// POSTCOPY (`build`) and its POSTCOPY_DONE, over as many connections
+    /// as it takes: each one lost is replaced by the destination's recovery
+    /// connection (`take_back`), on which POSTCOPY_RESUME asks for it.
+    fn request(
+        &self,
+        link: &mut Link,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+    ) -> Result<PostcopySummary> {
+        let (kind, listener) = (CommandType::PostcopyDone, &self.listener);
+        let mut summary = link.request_unless_recovery(listener, CommandType::Postcopy, build, kind, done);
+        loop {
+            match summary {
+                Err(lost) if postcopy::recoverable(&lost) => *link = self.take_back(link, lost)?,
+                summary => return summary,
+            }
+            summary = link.request_unless_recovery(listener, CommandType::PostcopyResume, |_| Ok(()), kind, done);
+        }
+    }
+
+    /// The connection was lost (`lost`): gives it up and waits, within the
+    /// window, for the destination's recovery connection.
+    fn take_back(&self, link: &mut Link, lost: Error) -> Result<Link> {
+        logging::warn(format_args!(
+            "source: post-copy's connection is lost ({lost}): waiting up to {:?} for the destination to reconnect",
+            self.window
+        ));
+        link.abandon();
+        let back = link.accept_recovery(&self.listener, self.token, Instant::now() + self.window);
+        let back = back.map_err(|e| Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message)))?;
+        logging::info(format_args!("source: post-copy's connection is back"));
+        Ok(back)
+    }
+}
+
+/// POSTCOPY_DONE's summary.
+fn done(m: &Message) -> Result<PostcopySummary> {
+    let mut e = m.entries::<PostcopySummary>();
+    e.next().expect("decode_message checked one entry").map_err(crate::engine::link::protocol_error)
 }
 
 /// A block with stale pages, as the destination will read it.

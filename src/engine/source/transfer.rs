@@ -102,6 +102,8 @@ pub(super) struct Engine {
     /// What a failed post-copy left registered for remote read: released
     /// after the link is gone (see `postcopy::source::run`).
     postcopy_exposed: Option<postcopy::source::Exposed>,
+    /// This side's settings (post-copy's recovery listener takes them).
+    config: Config,
 }
 
 impl Engine {
@@ -142,6 +144,7 @@ impl Engine {
             unsignalled: (0, 0),
             pacer: Pacer::new(),
             postcopy_exposed: None,
+            config: config.clone(),
         })
     }
 
@@ -286,8 +289,14 @@ impl Engine {
                 self.register_deferred()?;
                 self.flush_unregister()?;
                 self.link.fence()?;
-                let summary =
-                    postcopy::source::run(&mut self.link, &self.pins, &self.ram, &stale, &mut self.postcopy_exposed)?;
+                let summary = postcopy::source::run(
+                    &mut self.link,
+                    &self.pins,
+                    &self.ram,
+                    &stale,
+                    &mut self.postcopy_exposed,
+                    &self.config,
+                )?;
                 *slot.lock() = Some(summary);
                 done.set(Ok(()));
                 Ok(())

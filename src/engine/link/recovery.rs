@@ -1,0 +1,148 @@
+//! Post-copy recovery (rdmamig extension): a new connection between the
+//! same two processes after the post-copy link was lost.
+//!
+//! The destination, whose vCPUs wait for pages, reconnects; the source
+//! listens. Before POSTCOPY the source opened a listener on the address the
+//! destination reached it at and sent its port and a random token
+//! (POSTCOPY_RECOVERY). A recovery connection request carries the token
+//! (`CAP_RDMAMIG_RESUME`, checked before the accept, so no other party gets a
+//! queue pair that can read the exposed RAM), and with a key both sides prove
+//! it again, as on the first connection.
+//!
+//! The new link is made on the old one's protection domain: every
+//! registration post-copy uses (the source's exposed RAM and tables, the
+//! destination's staging buffer) stays valid, rkeys included. The old link's
+//! QPs are destroyed before anything is posted on the new one (the caller
+//! drops it first), so no read of the lost connection lands in a staging
+//! slot reused meanwhile. On the new link the control channel keeps the
+//! first one's roles (the source requests, the destination grants READY),
+//! though the destination connected; the source's one request is
+//! POSTCOPY_RESUME, answered by POSTCOPY_DONE. Faults are read on the
+//! connection's QP from then on: the fault QP is not set up again.
+
+use std::time::Instant;
+
+use std::os::fd::AsRawFd;
+
+use super::setup::{Admit, Listener, Resume};
+use super::{Link, EVENT_POLL_INTERVAL, RESPONSE};
+use crate::engine::Config;
+use crate::wire::{CommandType, EncodeError, Message, MessageWriter, RECOVERY_TOKEN_LEN};
+use crate::{Error, ErrorKind, Result};
+
+impl Link {
+    /// Source side: a listener for the destination's recovery connection,
+    /// on this side's address of this link, on a port the system picks.
+    pub fn recovery_listener(&self, config: &Config) -> Result<Listener> {
+        let local = self.id.local_addr().ok_or_else(|| {
+            Error::new(ErrorKind::InvalidArgument, "post-copy recovery needs an IP connection (a RoCE or iWARP device)")
+        })?;
+        Listener::bind(&local.ip().to_string(), 0, config)
+    }
+
+    /// Source side: waits until `deadline` for the destination's recovery
+    /// connection with `token` on `listener` (other requests are refused and
+    /// the wait goes on), and makes it the link that replaces this one.
+    pub fn accept_recovery(
+        &self,
+        listener: &Listener,
+        token: [u8; RECOVERY_TOKEN_LEN],
+        deadline: Instant,
+    ) -> Result<Link> {
+        let resume = Resume { token, old: self };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut link = Link::accept_from(listener, &Admit::Resume(&resume), 0, self.counters.clone(), Some(left))
+            .map_err(|(e, _)| e)?;
+        link.adopt(self)?;
+        // The source's role: it takes a READY before each message it sends.
+        link.ready_expected = true;
+        Ok(link)
+    }
+
+    /// Destination side: connects to the source's recovery listener (`port`
+    /// at the address this link reached the source at) with `token`, and
+    /// makes it the link that replaces this one.
+    pub fn reconnect(&self, config: &Config, port: u16, token: [u8; RECOVERY_TOKEN_LEN]) -> Result<Link> {
+        let source = self.peer_addr().ok_or_else(|| {
+            Error::new(ErrorKind::InvalidArgument, "post-copy recovery needs an IP connection (a RoCE or iWARP device)")
+        })?;
+        let resume = Resume { token, old: self };
+        let host = source.ip().to_canonical().to_string();
+        let mut link = Link::connect_to(&host, port, config, 0, self.counters.clone(), Some(&resume))?;
+        link.adopt(self)?;
+        // The destination's role: it grants credits and never waits for one.
+        link.ready_expected = false;
+        Ok(link)
+    }
+
+    /// Takes over what the first connection agreed and its stop flag (the
+    /// hypervisor's abort stops waits on the new link too).
+    fn adopt(&mut self, old: &Link) -> Result<()> {
+        if self.negotiated.authenticated != old.negotiated.authenticated {
+            return Err(Error::new(
+                ErrorKind::Auth,
+                "the recovery connection is not authenticated as the lost one was",
+            ));
+        }
+        self.negotiated = old.negotiated;
+        self.peer_pin_budget = old.peer_pin_budget;
+        self.stop = old.stop.clone();
+        Ok(())
+    }
+
+    /// Gives this connection up before a recovery: its QPs go to the error
+    /// state (nothing more lands in this side's buffers through them) and
+    /// are destroyed when the link drops. No disconnect request goes out: the
+    /// link may be down, and on rxe a connection-manager message sent into a
+    /// down link breaks its management QP, and with it every later
+    /// connection (seen on Linux 6.1). The peer learns of it from its own
+    /// liveness probe or, on the source, from the recovery connection
+    /// request itself (`request_unless_recovery`).
+    pub fn abandon(&mut self) {
+        let _ = self.qp.to_error();
+        self.fault_qp = None;
+        self.lost
+            .get_or_insert_with(|| Error::new(ErrorKind::Disconnected, "connection given up for a post-copy recovery"));
+    }
+
+    /// Source side: as [`request_by`](Self::request_by) with no deadline,
+    /// but fails (`Disconnected`) as soon as the destination's recovery
+    /// connection request waits on `listener`: the destination gave this
+    /// connection up, whether or not this side can tell yet.
+    pub fn request_unless_recovery<R>(
+        &mut self,
+        listener: &Listener,
+        kind: CommandType,
+        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
+        expect: CommandType,
+        f: impl FnOnce(&Message) -> Result<R>,
+    ) -> Result<R> {
+        self.begin_request_by(None, kind, build, expect)?;
+        loop {
+            if self.received[RESPONSE].is_some() {
+                return self.finish_request(f);
+            }
+            if listener.has_request() {
+                return Err(Error::new(
+                    ErrorKind::Disconnected,
+                    "the destination reconnects for a post-copy recovery: it gave this connection up",
+                ));
+            }
+            self.pump(listener.event_fd().as_raw_fd(), EVENT_POLL_INTERVAL)?;
+        }
+    }
+}
+
+#[cfg(feature = "rdma-tests")]
+impl Link {
+    /// Failure injection for the RDMA tests: this side's QPs go to the error
+    /// state without a connection event, as when the link is lost (the
+    /// peer's requests go unanswered, this side's fail).
+    pub fn sever_for_test(&self) -> Result<()> {
+        self.qp.to_error()?;
+        if let Some(qp) = &self.fault_qp {
+            qp.to_error()?;
+        }
+        Ok(())
+    }
+}
