@@ -559,7 +559,9 @@ impl Link {
         self.begin_request_by(deadline, kind, build, expect)
     }
 
-    pub(super) fn begin_request_by(
+    /// As [`begin_request`](Self::begin_request), the response awaited
+    /// until `deadline` (`None`: as long as the peer stays alive).
+    pub fn begin_request_by(
         &mut self,
         deadline: Option<Instant>,
         kind: CommandType,

@@ -27,7 +27,7 @@ use std::os::fd::AsRawFd;
 use super::setup::{Admit, Listener, Resume};
 use super::{Link, EVENT_POLL_INTERVAL, RESPONSE};
 use crate::engine::Config;
-use crate::wire::{CommandType, EncodeError, Message, MessageWriter, RECOVERY_TOKEN_LEN};
+use crate::wire::{Message, RECOVERY_TOKEN_LEN};
 use crate::{Error, ErrorKind, Result};
 
 impl Link {
@@ -105,28 +105,22 @@ impl Link {
             .get_or_insert_with(|| Error::new(ErrorKind::Disconnected, "connection given up for a post-copy recovery"));
     }
 
-    /// Source side: as [`request_by`](Self::request_by) with no deadline,
-    /// but fails (`Disconnected`) as soon as the destination's recovery
-    /// connection request waits on `listener`: the destination gave this
-    /// connection up, whether or not this side can tell yet.
-    pub fn request_unless_recovery<R>(
+    /// Source side, with a request outstanding (`begin_request_by`): its
+    /// response, handed to `f`, or `None` as soon as a connection request
+    /// waits on `listener` (the destination's recovery connection, if it
+    /// holds the token: then the destination gave this connection up,
+    /// whether or not this side can tell yet).
+    pub fn response_or_request<R>(
         &mut self,
         listener: &Listener,
-        kind: CommandType,
-        build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
-        expect: CommandType,
         f: impl FnOnce(&Message) -> Result<R>,
-    ) -> Result<R> {
-        self.begin_request_by(None, kind, build, expect)?;
+    ) -> Result<Option<R>> {
         loop {
             if self.received[RESPONSE].is_some() {
-                return self.finish_request(f);
+                return self.finish_request(f).map(Some);
             }
             if listener.has_request() {
-                return Err(Error::new(
-                    ErrorKind::Disconnected,
-                    "the destination reconnects for a post-copy recovery: it gave this connection up",
-                ));
+                return Ok(None);
             }
             self.pump(listener.event_fd().as_raw_fd(), EVENT_POLL_INTERVAL)?;
         }

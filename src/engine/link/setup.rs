@@ -314,7 +314,7 @@ impl Link {
             let event = listener.next_event(left).map_err(|e| (e, refused.clone()))?;
             match Link::admit(listener, event, admit, ram_bytes, counters.clone()) {
                 Err(e) if e.kind == ErrorKind::Auth => {
-                    logging::warn(format_args!("destination: {}; still listening", e.message));
+                    logging::warn(format_args!("{}; still listening", e.message));
                     refused = Some((refused.map_or(0, |(n, _)| n) + 1, e));
                 }
                 r => return r.map_err(|e| (e, None)),

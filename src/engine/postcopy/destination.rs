@@ -323,14 +323,20 @@ pub(crate) fn run(
 impl Puller<'_> {
     /// The loop, and with `recovery` a new connection in place of each one
     /// lost (`recover`), until every stale page is in place.
+    /// A connection that fails before a page came through it is not tried
+    /// again: what fails is then more likely the peer than the link.
     fn serve_recovering(&mut self, link: &mut Link, events: RawFd, recovery: Option<&Recovery>) -> Result<()> {
+        let mut remaining_at_recovery = None;
         loop {
             let lost = match self.serve(link, events) {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
             match recovery {
-                Some(r) if postcopy::recoverable(&lost) => self.recover(link, r, lost)?,
+                Some(r) if postcopy::recoverable(&lost) && remaining_at_recovery != Some(self.remaining) => {
+                    self.recover(link, r, lost)?;
+                    remaining_at_recovery = Some(self.remaining);
+                }
                 _ => return Err(lost),
             }
         }

@@ -195,20 +195,37 @@ impl Recovery {
 
     /// POSTCOPY (`build`) and its POSTCOPY_DONE, over as many connections
     /// as it takes: each one lost is replaced by the destination's recovery
-    /// connection (`take_back`), on which POSTCOPY_RESUME asks for it.
+    /// connection (`take_back`), on which POSTCOPY_RESUME asks for it. The
+    /// destination may reconnect before this side noticed the loss: its
+    /// request, once admitted (token, key), replaces the connection at once;
+    /// any other request is refused and changes nothing.
     fn request(
         &self,
         link: &mut Link,
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<PostcopySummary> {
-        let (kind, listener) = (CommandType::PostcopyDone, &self.listener);
-        let mut summary = link.request_unless_recovery(listener, CommandType::Postcopy, build, kind, done);
+        link.begin_request_by(None, CommandType::Postcopy, build, CommandType::PostcopyDone)?;
         loop {
-            match summary {
-                Err(lost) if postcopy::recoverable(&lost) => *link = self.take_back(link, lost)?,
-                summary => return summary,
-            }
-            summary = link.request_unless_recovery(listener, CommandType::PostcopyResume, |_| Ok(()), kind, done);
+            let back = match link.response_or_request(&self.listener, done) {
+                Ok(Some(summary)) => return Ok(summary),
+                Ok(None) => match link.accept_recovery(&self.listener, self.token, Instant::now()) {
+                    Ok(back) => {
+                        logging::warn(format_args!(
+                            "source: the destination reconnected: post-copy's connection is replaced"
+                        ));
+                        link.abandon();
+                        back
+                    }
+                    // Refused (the refusal is logged): the connection stays.
+                    Err(e) if e.kind == ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e),
+                },
+                Err(lost) if postcopy::recoverable(&lost) => self.take_back(link, lost)?,
+                Err(e) => return Err(e),
+            };
+            *link = back;
+            let resume = CommandType::PostcopyResume;
+            link.begin_request_by(None, resume, |_| Ok(()), CommandType::PostcopyDone)?;
         }
     }
 
