@@ -77,6 +77,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_tos(NULL, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_return_path(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_max_bandwidth(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_postcopy_recovery_ms(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -98,6 +99,8 @@ static void test_null_and_config(void) {
     }
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 2000), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK); /* off */
+    CHECK_STATUS(rdmamig_config_set_postcopy_recovery_ms(c, 30000), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_postcopy_recovery_ms(c, 0), RDMAMIG_OK); /* off */
     CHECK_STATUS(rdmamig_config_set_pin_budget(c, 64u << 20), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK); /* from RLIMIT_MEMLOCK */
     CHECK_STATUS(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
@@ -176,6 +179,8 @@ static void test_migration_api_args(void) {
 
     CHECK(sizeof(rdmamig_stats) == RDMAMIG_STATS_SIZE_V2);
     CHECK(offsetof(rdmamig_stats, pin_budget) == RDMAMIG_STATS_SIZE_V1);
+    CHECK(sizeof(rdmamig_postcopy_progress) == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2);
+    CHECK(offsetof(rdmamig_postcopy_progress, recoveries) == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1);
     /* No implicit padding: `reserved` fills the 4 bytes after `size`. */
     CHECK(offsetof(rdmamig_stats, reserved) == 4 && offsetof(rdmamig_stats, bytes_written) == 8);
     CHECK(sizeof(rdmamig_stats) == 8 + 8 * ((sizeof(rdmamig_stats) - 8) / 8));

@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 9
+#define RDMAMIG_VERSION_MINOR 10
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -72,6 +72,11 @@
  * and `rdmamig_conn_wait_postcopy` accept.
  */
 #define RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 48
+
+/**
+ * The size of `rdmamig_postcopy_progress` up to `recoveries` (0.10).
+ */
+#define RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2 56
 
 /**
  * The size of the first version of `rdmamig_stats` (every field up to
@@ -695,6 +700,11 @@ typedef struct rdmamig_postcopy_progress {
    * Bytes read from the source.
    */
   uint64_t bytes_pulled;
+  /**
+   * Lost connections post-copy got back (`rdmamig_config_set_postcopy_recovery_ms`).
+   * Since 0.10 (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2`).
+   */
+  uint64_t recoveries;
 } rdmamig_postcopy_progress;
 
 /**
@@ -944,6 +954,23 @@ rdmamig_status rdmamig_config_set_timeout_ms(struct rdmamig_config *config, uint
  * (QEMU's behaviour: only connection events end a silent connection).
  */
 rdmamig_status rdmamig_config_set_liveness_ms(struct rdmamig_config *config, uint32_t liveness_ms);
+
+/**
+ * Post-copy recovery, in milliseconds (rdmamig extension, both sides): how
+ * long to wait for a lost connection to come back once the guest runs on
+ * the destination. A source with it listens for the destination's recovery
+ * connection from `rdmamig_conn_postcopy` on (on the address the
+ * destination reached it at, a port the system picks, a token only the
+ * destination learned); a destination with it, whose source has it too,
+ * reconnects after a transport error or a liveness failure, while its
+ * vCPUs stay blocked on their missing pages; the new connection is
+ * authenticated as the first was, and the pull goes on where it stopped.
+ * Not after the source's ERROR, nor when the source's listener is gone (a
+ * killed source): then post-copy fails at once, as without it. Each side
+ * counts from the moment it noticed the loss. Default 0: off.
+ */
+rdmamig_status rdmamig_config_set_postcopy_recovery_ms(struct rdmamig_config *config,
+                                                       uint32_t recovery_ms);
 
 /**
  * Pin budget, in bytes: the most guest memory this side keeps registered
