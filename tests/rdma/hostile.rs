@@ -333,7 +333,7 @@ impl Received {
 /// How the destination answered a connect it did not accept.
 #[derive(Debug)]
 pub(crate) struct Refusal {
-    kind: CmEventKind,
+    pub(crate) kind: CmEventKind,
     private_data: Vec<u8>,
 }
 

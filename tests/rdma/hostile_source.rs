@@ -56,6 +56,7 @@
 //! - destination_never_answering_register_times_out
 //! - destination_never_answering_ram_blocks_times_out
 //! - source_ram_refuses_a_write_with_its_real_rkey
+//! - recovery_listener_refuses_requests_without_the_token
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
@@ -70,12 +71,15 @@ use rdmamig::verbs::{
     ProtectionDomain, QpCaps, QueuePair, WorkCompletion,
 };
 use rdmamig::wire::{
-    self, AcceptData, BlockSpec, Capabilities, CommandType, ControlHeader, DestBlock, Entry, RegisterRequest,
-    RegisterResult, CAP_PIN_ALL, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE, CONTROL_HEADER_LEN, MAX_PAYLOAD,
+    self, AcceptData, BlockSpec, Capabilities, CommandType, ConnectData, ControlHeader, DestBlock, Entry,
+    PostcopyBlock, PostcopyRecovery, PostcopySummary, QpEndpoint, RegisterRequest, RegisterResult, CAP_PIN_ALL,
+    CAP_RDMAMIG_EXT, CAP_RDMAMIG_RESUME, CONTROL_BUFFER_SIZE, CONTROL_HEADER_LEN, MAX_PAYLOAD, RECOVERY_TOKEN_LEN,
 };
-use rdmamig::{Config, Error, ErrorKind, Negotiated, RamBlocks, Source};
+use rdmamig::{Config, Error, ErrorKind, Negotiated, RamBlocks, Source, StalePages};
 
-use crate::hostile::{next_event, next_wc, ControlBuffer, Received, WRID_RECV, WRID_SEND, WRID_WRITE};
+use crate::hostile::{
+    next_event, next_wc, ControlBuffer, Peer as CraftedSource, Received, WRID_RECV, WRID_SEND, WRID_WRITE,
+};
 use crate::migration::{rdma_ip, GuestRam};
 
 const MIB: u64 = 1 << 20;
@@ -1069,4 +1073,71 @@ fn source_ram_refuses_a_write_with_its_real_rkey() {
     eprintln!("destination: RDMA WRITE into the source's RAM with key {:#x}: {wc:?}", chunks[0].lkey);
     assert_eq!(wc.status(), WC_REMOTE_ACCESS_ERROR, "{} ({})", wc.status_str(), wc.status());
     case.refused(Call::Flush, ErrorKind::Verbs, &["control RECV failed"], Hears::Disconnect);
+}
+
+/// With post-copy recovery on, the source listens for the destination's
+/// recovery connection while post-copy runs. A request with another token,
+/// and one with none, are refused at once; the source keeps its connection
+/// (it takes only an admitted request as the loss of it) and its post-copy
+/// ends normally when the crafted destination answers POSTCOPY_DONE.
+#[test]
+fn recovery_listener_refuses_requests_without_the_token() {
+    let listening = Listening::new();
+    let port = listening.port;
+    let ram = source_ram();
+    let pages = BLOCKS[0].1 / 4096;
+    let (tx, postcopy) = mpsc::channel();
+    {
+        let ram = ram.clone();
+        let config = Config { postcopy_recovery: Some(Duration::from_secs(5)), ..config() };
+        thread::spawn(move || {
+            let mut registry = RamBlocks::new();
+            for ((&(name, len), mem), offset) in BLOCKS.iter().zip(ram.iter()).zip(SOURCE_OFFSETS) {
+                // SAFETY: the mapping outlives the source (this thread holds it).
+                unsafe { registry.add(name, mem.ptr(), offset, len).expect("add block") };
+            }
+            let mut source = Source::connect(&rdma_ip(), port, &config, &registry).expect("connect");
+            window(&mut source).expect("window");
+            let bitmap = vec![!0u64; (pages / 64) as usize];
+            let _ = tx.send(source.postcopy(&[StalePages { block: 0, bitmap }]));
+            drop(source);
+        });
+    }
+    let mut dest = Dest::accept(&listening, &accept_data());
+    let offer = dest.serve_until(CommandType::PostcopyRecovery).entries::<PostcopyRecovery>()[0];
+    // The fault QP: a made-up endpoint will do (the source only answers reads on it).
+    let m = dest.next();
+    assert_eq!(m.kind, CommandType::PostcopyFaultQp);
+    dest.send(CommandType::PostcopyFaultQpResult, &[QpEndpoint { qpn: 1, psn: 0 }]).expect("fault QP result");
+    let m = dest.next();
+    assert_eq!(m.kind, CommandType::Postcopy);
+    assert_eq!(m.entries::<PostcopyBlock>()[0].stale_pages, pages);
+
+    // The source now waits for POSTCOPY_DONE and polls its recovery listener.
+    let mut wrong = offer.token;
+    wrong[0] ^= 1;
+    let resume = |token: Option<[u8; RECOVERY_TOKEN_LEN]>| {
+        let flags = CAP_RDMAMIG_EXT | if token.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
+        ConnectData { caps: Capabilities::v1(flags), nonce: None, token }.encode()
+    };
+    for (what, private) in [("another token", resume(Some(wrong))), ("no token", resume(None))] {
+        let started = Instant::now();
+        match CraftedSource::connect(offer.port, &private) {
+            Ok(_) => panic!("a recovery request with {what} was accepted"),
+            Err(refusal) => {
+                assert_eq!(refusal.kind, CmEventKind::Rejected, "a recovery request with {what}");
+                assert!(started.elapsed() < FAIL_WITHIN, "refused only after {:?}", started.elapsed());
+            }
+        }
+    }
+    thread::sleep(Duration::from_millis(500));
+    assert!(postcopy.try_recv().is_err(), "the source's post-copy ended before POSTCOPY_DONE");
+    let summary = PostcopySummary { pages, faults: 0, bytes: pages * 4096 };
+    dest.send(CommandType::PostcopyDone, &[summary]).expect("POSTCOPY_DONE");
+    let got = postcopy.recv_timeout(BOUND).expect("the source's post-copy still waits");
+    assert_eq!(got.expect("post-copy over the first connection"), summary);
+    eprintln!(
+        "recovery listener on port {}: refused another token and none; post-copy ended over its connection",
+        offer.port
+    );
 }
