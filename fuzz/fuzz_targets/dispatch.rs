@@ -256,6 +256,11 @@ fuzz_target!(|data: &[u8]| {
                 assert!(qp.qpn < 1 << 24 && qp.psn < 1 << 24);
                 continue;
             }
+            // Where the source would take a recovery connection: kept by the service.
+            Ok(Step::Recovery(offer)) => {
+                assert_ne!(offer.port, 0);
+                continue;
+            }
             Ok(Step::Last(reply, _)) => {
                 encode(&reply);
                 break;

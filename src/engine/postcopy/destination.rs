@@ -342,10 +342,11 @@ impl Puller<'_> {
         }
     }
 
-    /// Gets a lost connection back: gives it up (the source learns at once),
-    /// forgets the reads in flight on it (their pages are read again),
-    /// reconnects to the source's recovery listener until the window ends
-    /// (at once when it is gone: the source died), takes its
+    /// Gets a lost connection back: gives it up, forgets the reads in
+    /// flight on it (their pages are read again), reconnects to the
+    /// source's recovery listener until the window ends (every
+    /// `RECONNECT_PAUSE`, each attempt within the config's timeout; no more
+    /// once the listener is gone: the source died), takes its
     /// POSTCOPY_RESUME. The vCPUs that wait for pages meanwhile stay blocked.
     fn recover(&mut self, link: &mut Link, r: &Recovery, lost: Error) -> Result<()> {
         logging::warn(format_args!(

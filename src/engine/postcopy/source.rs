@@ -172,6 +172,9 @@ pub(crate) fn run(
     result
 }
 
+/// How long the source's wait for a recovery connection goes without looking at an abort.
+const ACCEPT_SLICE: Duration = Duration::from_millis(100);
+
 /// The source's side of post-copy recovery: the listener a lost
 /// connection's replacement comes to, and its token.
 struct Recovery {
@@ -237,10 +240,20 @@ impl Recovery {
             self.window
         ));
         link.abandon();
-        let back = link.accept_recovery(&self.listener, self.token, Instant::now() + self.window);
-        let back = back.map_err(|e| Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message)))?;
-        logging::info(format_args!("source: post-copy's connection is back"));
-        Ok(back)
+        let deadline = Instant::now() + self.window;
+        loop {
+            // In slices, so that the hypervisor's abort is seen.
+            link.check_stop("post-copy's recovery")?;
+            let slice = (Instant::now() + ACCEPT_SLICE).min(deadline);
+            match link.accept_recovery(&self.listener, self.token, slice) {
+                Ok(back) => {
+                    logging::info(format_args!("source: post-copy's connection is back"));
+                    return Ok(back);
+                }
+                Err(e) if e.kind == ErrorKind::Timeout && slice < deadline => {}
+                Err(e) => return Err(Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message))),
+            }
+        }
     }
 }
 
