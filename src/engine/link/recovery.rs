@@ -13,16 +13,15 @@
 //! registration post-copy uses (the source's exposed RAM and tables, the
 //! destination's staging buffer) stays valid, rkeys included. The old link's
 //! QPs are destroyed before anything is posted on the new one (the caller
-//! drops it first), so no read of the lost connection lands in a staging
-//! slot reused meanwhile. On the new link the control channel keeps the
-//! first one's roles (the source requests, the destination grants READY),
-//! though the destination connected; the source's one request is
-//! POSTCOPY_RESUME, answered by POSTCOPY_DONE. Faults are read on the
-//! connection's QP from then on: the fault QP is not set up again.
-
-use std::time::Instant;
+//! replaces the old link with the new), so no read of the lost connection
+//! lands in a staging slot reused meanwhile. On the new link the control
+//! channel keeps the first one's roles (the source requests, the
+//! destination grants READY), though the destination connected: the source
+//! sets up a fault QP again (POSTCOPY_FAULT_QP), then asks with
+//! POSTCOPY_RESUME, answered by POSTCOPY_DONE.
 
 use std::os::fd::AsRawFd;
+use std::time::Instant;
 
 use super::setup::{Admit, Listener, Resume};
 use super::{Link, EVENT_POLL_INTERVAL, RESPONSE};

@@ -24,12 +24,12 @@ use super::uffd::{Installed, Userfault};
 use super::wake::{self, EventFd};
 use super::{Fetch, Fetches, PostcopyPhase, Progress, Recovery};
 use crate::bitmap::{self, next_clear, next_set};
-use crate::engine::link::Link;
+use crate::engine::link::{protocol_error, Link};
 use crate::engine::logging;
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
 use crate::verbs::Sge;
-use crate::wire::{CommandType, PostcopySummary, POSTCOPY_PAGE_SIZE};
+use crate::wire::{CommandType, Message, PostcopySummary, QpEndpoint, POSTCOPY_PAGE_SIZE};
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -346,8 +346,9 @@ impl Puller<'_> {
     /// flight on it (their pages are read again), reconnects to the
     /// source's recovery listener until the window ends (every
     /// `RECONNECT_PAUSE`, each attempt within the config's timeout; no more
-    /// once the listener is gone: the source died), takes its
-    /// POSTCOPY_RESUME. The vCPUs that wait for pages meanwhile stay blocked.
+    /// once the listener is gone: the source died), connects the source's
+    /// new fault QP and takes its POSTCOPY_RESUME. The vCPUs that wait for
+    /// pages meanwhile stay blocked.
     fn recover(&mut self, link: &mut Link, r: &Recovery, lost: Error) -> Result<()> {
         logging::warn(format_args!(
             "destination: post-copy's connection is lost ({lost}): reconnecting to the source for up to {:?}, \
@@ -384,12 +385,13 @@ impl Puller<'_> {
         // The lost link's QPs are destroyed here, before anything is posted
         // on the new one: no read of theirs lands in a slot used again.
         *link = new;
-        link.receive(|m| match m.kind {
-            CommandType::PostcopyResume => Ok(()),
-            other => {
-                Err(Error::new(ErrorKind::Protocol, format!("expected POSTCOPY_RESUME, the source sent {other:?}")))
-            }
+        // The source's fault QP, then its POSTCOPY_RESUME.
+        let remote = link.receive(|m| {
+            expect_kind(m, CommandType::PostcopyFaultQp)?;
+            m.entries::<QpEndpoint>().next().expect("decode_message checked one entry").map_err(protocol_error)
         })?;
+        link.accept_fault_qp(remote)?;
+        link.receive(|m| expect_kind(m, CommandType::PostcopyResume))?;
         self.progress.recoveries.fetch_add(1, Ordering::Relaxed);
         logging::info(format_args!("destination: post-copy's connection is back; the pull goes on"));
         Ok(())
@@ -775,6 +777,14 @@ impl Puller<'_> {
         }
         Ok(())
     }
+}
+
+/// Refuses a message other than `kind` (a protocol error).
+fn expect_kind(m: &Message, kind: CommandType) -> Result<()> {
+    if m.kind != kind {
+        return Err(Error::new(ErrorKind::Protocol, format!("expected {kind:?}, the source sent {:?}", m.kind)));
+    }
+    Ok(())
 }
 
 fn stray(tag: u64) -> Error {

@@ -198,7 +198,8 @@ impl Recovery {
 
     /// POSTCOPY (`build`) and its POSTCOPY_DONE, over as many connections
     /// as it takes: each one lost is replaced by the destination's recovery
-    /// connection (`take_back`), on which POSTCOPY_RESUME asks for it. The
+    /// connection (`take_back`), on which a fault QP is set up again and
+    /// POSTCOPY_RESUME asks for it. The
     /// destination may reconnect before this side noticed the loss: its
     /// request, once admitted (token, key), replaces the connection at once;
     /// any other request is refused and changes nothing.
@@ -227,6 +228,7 @@ impl Recovery {
                 Err(e) => return Err(e),
             };
             *link = back;
+            link.open_fault_qp()?;
             let resume = CommandType::PostcopyResume;
             link.begin_request_by(None, resume, |_| Ok(()), CommandType::PostcopyDone)?;
         }
