@@ -86,8 +86,8 @@ use rdmamig::verbs::{
 };
 use rdmamig::wire::{
     self, AuthProof, BlockSpec, Capabilities, CommandType, Compress, DestBlock, EndSummary, Entry, MessageWriter,
-    PostcopyBlock, PostcopyRegion, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT, CONTROL_BUFFER_SIZE,
-    MAX_PAYLOAD,
+    PostcopyBlock, PostcopyRecovery, PostcopyRegion, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT,
+    CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
 };
 use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, RamBlocks};
 
@@ -997,7 +997,7 @@ fn repeat_times_entry_size_wrapping_u32_is_refused() {
 #[test]
 fn unknown_command_types_are_refused() {
     // 0x8000_0004: rdmamig 0.8's POSTCOPY, whose bitmaps were in the message.
-    for kind in [12, 0x7FFF_FFFF, 0x8000_0004, 0x8000_0009] {
+    for kind in [12, 0x7FFF_FFFF, 0x8000_0004, 0x8000_000B] {
         let mut s = after_blocks(0);
         s.rejects(&raw_message(0, kind, 1, &[]), &[format!("unknown control message type {kind}").as_str()]);
     }
@@ -1091,6 +1091,24 @@ fn postcopy_fault_qp_out_of_place_twice_or_out_of_range_is_refused() {
     let qp = m.entries::<QpEndpoint>()[0];
     assert!(qp.qpn != 0 && qp.qpn < 1 << 24 && qp.psn < 1 << 24, "{qp:?}");
     s.rejects(&message(CommandType::PostcopyFaultQp, &[ep]), &["a second POSTCOPY_FAULT_QP"]);
+}
+
+/// POSTCOPY_RECOVERY (rdmamig extension): refused without the extensions
+/// and inside a window, and with port 0; POSTCOPY_RESUME is refused outside
+/// a post-copy recovery connection.
+#[test]
+fn postcopy_recovery_out_of_place_or_with_port_0_and_resume_unasked_are_refused() {
+    let offer = PostcopyRecovery { port: 4791, token: [7; 16] };
+    let mut s = after_blocks(0);
+    s.rejects(&message(CommandType::PostcopyRecovery, &[offer]), &["unexpected PostcopyRecovery"]);
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.rejects(&message(CommandType::PostcopyRecovery, &[offer]), &["unexpected PostcopyRecovery"]);
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.peer.finish_window();
+    s.rejects(&message(CommandType::PostcopyRecovery, &[PostcopyRecovery { port: 0, ..offer }]), &["port 0"]);
+    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    s.peer.finish_window();
+    s.rejects(&raw_message(0, CommandType::PostcopyResume.as_u32(), 0, &[]), &["unexpected PostcopyResume"]);
 }
 
 #[test]
