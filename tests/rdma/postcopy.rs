@@ -890,3 +890,47 @@ fn postcopy_aborted_by_the_source_stops_both_sides() {
         progress.pages_remaining, progress.pages_total
     );
 }
+
+/// A source with post-copy recovery on whose destination fails for good
+/// (its link severed by the test hook, without recovery of its own) waits
+/// for a recovery connection; the hypervisor's abort ends that wait at once
+/// (`close`, which joins the transfer thread, returns within the bound; the
+/// `postcopy` call itself returns at the abort whatever that thread does).
+#[test]
+fn postcopy_recovery_wait_ends_at_the_sources_abort() {
+    const BOUND: Duration = Duration::from_secs(3);
+    let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
+    let recovering = Config { postcopy_recovery: Some(Duration::from_secs(30)), ..Config::default() };
+    let (source, dest) =
+        connect(&one_block(&src, KILLED_DEST_LEN), &recovering, one_block(&dst, KILLED_DEST_LEN), &Config::default());
+    source.iteration_begin().unwrap();
+    source.iteration_end().unwrap();
+    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
+    let stale = vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }];
+    rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
+    let (err, returned) = thread::scope(|s| {
+        let postcopy = s.spawn(|| {
+            let r = source.postcopy(&stale);
+            (Instant::now(), r)
+        });
+        let dest_err = dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(60))).unwrap_err();
+        // The source notices (the destination's disconnect) and waits for a recovery connection.
+        thread::sleep(Duration::from_millis(500));
+        assert!(!postcopy.is_finished(), "the source's postcopy returned without waiting; the destination: {dest_err}");
+        let aborted = Instant::now();
+        source.abort();
+        let (at, r) = postcopy.join().unwrap();
+        (r.unwrap_err(), at.saturating_duration_since(aborted))
+    });
+    assert_eq!(rdmamig::test_hooks::SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed), 0, "the link was not severed");
+    assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
+    assert!(returned < BOUND, "the source's postcopy returned {returned:?} after the abort");
+    let closing = Instant::now();
+    assert!(source.close().is_err());
+    let closed = closing.elapsed();
+    assert!(closed < BOUND, "close took {closed:?}: the transfer thread still waited for a recovery connection");
+    eprintln!(
+        "source waiting for a recovery connection: its postcopy returned {returned:?} after the abort ({err}), \
+         close {closed:?}"
+    );
+}
