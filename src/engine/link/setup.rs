@@ -21,6 +21,7 @@ use crate::wire::{
     CAP_RDMAMIG_RESUME, RECOVERY_TOKEN_LEN,
 };
 use crate::{Error, ErrorKind, Result};
+use subtle::ConstantTimeEq;
 
 /// QEMU's bound for address and route resolution; the config's timeout may shorten it.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,9 +45,10 @@ pub(super) struct Resume<'a> {
     pub old: &'a Link,
 }
 
-/// Whether two tokens are equal, in a time that does not depend on where they differ.
+/// Whether two tokens are equal, in a time that does not depend on where
+/// they differ (`subtle`, the constant-time comparison `hmac` uses).
 fn same_token(a: &[u8; RECOVERY_TOKEN_LEN], b: &[u8; RECOVERY_TOKEN_LEN]) -> bool {
-    a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
+    a.ct_eq(b).into()
 }
 
 /// Requests refused while waiting: how many, and the last refusal.
