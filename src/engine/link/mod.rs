@@ -639,11 +639,29 @@ impl Link {
 
     /// As [`receive`](Self::receive), waiting only until `deadline`.
     fn receive_by<R>(&mut self, deadline: Option<Instant>, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
+        self.grant_and_take(deadline, None, f)
+    }
+
+    /// As [`receive`](Self::receive), for a message that must be of type
+    /// `expect` (anything else is a protocol error).
+    pub fn receive_expected<R>(&mut self, expect: CommandType, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
+        self.grant_and_take(None, Some(expect), f)
+    }
+
+    fn grant_and_take<R>(
+        &mut self,
+        deadline: Option<Instant>,
+        expect: Option<CommandType>,
+        f: impl FnOnce(&Message) -> Result<R>,
+    ) -> Result<R> {
         // Granted before the SEND: the peer may use the credit (and its message
         // clear the flag) while this side still waits for the SEND's completion.
         self.ready_granted = true;
         self.send(CommandType::Ready, |_| Ok(()))?;
-        let r = self.take(INCOMING, deadline, f)?;
+        let r = match expect {
+            Some(kind) => self.take_expected(INCOMING, kind, deadline, f)?,
+            None => self.take(INCOMING, deadline, f)?,
+        };
         self.post_recv(INCOMING)?;
         Ok(r)
     }

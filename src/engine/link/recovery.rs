@@ -29,13 +29,16 @@ use crate::engine::Config;
 use crate::wire::{Message, RECOVERY_TOKEN_LEN};
 use crate::{Error, ErrorKind, Result};
 
+/// Post-copy recovery addresses the other side by IP.
+fn not_ip() -> Error {
+    Error::new(ErrorKind::InvalidArgument, "post-copy recovery needs an IP connection (a RoCE or iWARP device)")
+}
+
 impl Link {
     /// Source side: a listener for the destination's recovery connection,
     /// on this side's address of this link, on a port the system picks.
     pub fn recovery_listener(&self, config: &Config) -> Result<Listener> {
-        let local = self.id.local_addr().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, "post-copy recovery needs an IP connection (a RoCE or iWARP device)")
-        })?;
+        let local = self.id.local_addr().ok_or_else(not_ip)?;
         Listener::bind(&local.ip().to_string(), 0, config)
     }
 
@@ -62,9 +65,7 @@ impl Link {
     /// at the address this link reached the source at) with `token`, and
     /// makes it the link that replaces this one.
     pub fn reconnect(&self, config: &Config, port: u16, token: [u8; RECOVERY_TOKEN_LEN]) -> Result<Link> {
-        let source = self.peer_addr().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, "post-copy recovery needs an IP connection (a RoCE or iWARP device)")
-        })?;
+        let source = self.peer_addr().ok_or_else(not_ip)?;
         let resume = Resume { token, old: self };
         let host = source.ip().to_canonical().to_string();
         let mut link = Link::connect_to(&host, port, config, 0, self.counters.clone(), Some(&resume))?;

@@ -29,7 +29,7 @@ use crate::engine::logging;
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
 use crate::verbs::Sge;
-use crate::wire::{CommandType, Message, PostcopySummary, QpEndpoint, POSTCOPY_PAGE_SIZE};
+use crate::wire::{CommandType, PostcopySummary, QpEndpoint, POSTCOPY_PAGE_SIZE};
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -386,12 +386,11 @@ impl Puller<'_> {
         // on the new one: no read of theirs lands in a slot used again.
         *link = new;
         // The source's fault QP, then its POSTCOPY_RESUME.
-        let remote = link.receive(|m| {
-            expect_kind(m, CommandType::PostcopyFaultQp)?;
+        let remote = link.receive_expected(CommandType::PostcopyFaultQp, |m| {
             m.entries::<QpEndpoint>().next().expect("decode_message checked one entry").map_err(protocol_error)
         })?;
         link.accept_fault_qp(remote)?;
-        link.receive(|m| expect_kind(m, CommandType::PostcopyResume))?;
+        link.receive_expected(CommandType::PostcopyResume, |_| Ok(()))?;
         self.progress.recoveries.fetch_add(1, Ordering::Relaxed);
         logging::info(format_args!("destination: post-copy's connection is back; the pull goes on"));
         Ok(())
@@ -777,14 +776,6 @@ impl Puller<'_> {
         }
         Ok(())
     }
-}
-
-/// Refuses a message other than `kind` (a protocol error).
-fn expect_kind(m: &Message, kind: CommandType) -> Result<()> {
-    if m.kind != kind {
-        return Err(Error::new(ErrorKind::Protocol, format!("expected {kind:?}, the source sent {:?}", m.kind)));
-    }
-    Ok(())
 }
 
 fn stray(tag: u64) -> Error {
