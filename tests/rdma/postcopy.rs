@@ -934,3 +934,55 @@ fn postcopy_recovery_wait_ends_at_the_sources_abort() {
          close {closed:?}"
     );
 }
+
+/// A destination reconnecting after a lost link stops at its hypervisor's
+/// abort, even in the middle of a connection attempt, which would otherwise
+/// wait for the source's answer up to `Config::timeout` (the source here,
+/// through the test hook, never answers: a source host that hangs).
+#[test]
+fn postcopy_reconnect_attempt_ends_at_the_destinations_abort() {
+    const BOUND: Duration = Duration::from_secs(3);
+    let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
+    let recovering = Config {
+        postcopy_recovery: Some(Duration::from_secs(60)),
+        timeout: Duration::from_secs(30),
+        ..Config::default()
+    };
+    // Without liveness the source never notices the loss: it keeps waiting
+    // for POSTCOPY_DONE, deaf to its listener.
+    let hung = Config { liveness: None, ..recovering.clone() };
+    let (source, dest) =
+        connect(&one_block(&src, KILLED_DEST_LEN), &hung, one_block(&dst, KILLED_DEST_LEN), &recovering);
+    source.iteration_begin().unwrap();
+    source.iteration_end().unwrap();
+    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
+    let stale = vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }];
+    rdmamig::test_hooks::DEAF_TO_RECOVERY.store(true, Ordering::Relaxed);
+    rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
+    let (err, returned) = thread::scope(|s| {
+        let postcopy = s.spawn(|| source.postcopy(&stale));
+        dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+        // The link is severed after the first page; the first attempt's
+        // request then waits at the source's listener.
+        thread::sleep(Duration::from_secs(2));
+        assert!(dest.error().is_none(), "the destination gave up: {:?}", dest.error());
+        let aborted = Instant::now();
+        dest.abort();
+        let err = dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(60))).unwrap_err();
+        let returned = aborted.elapsed();
+        source.abort();
+        assert!(postcopy.join().unwrap().is_err());
+        (err, returned)
+    });
+    rdmamig::test_hooks::DEAF_TO_RECOVERY.store(false, Ordering::Relaxed);
+    assert_eq!(rdmamig::test_hooks::SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed), 0, "the link was not severed");
+    assert!(returned < BOUND, "the destination's post-copy ended {returned:?} after the abort: {err}");
+    assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
+    let closing = Instant::now();
+    dest.close();
+    let closed = closing.elapsed();
+    assert!(closed < BOUND, "close took {closed:?}: the service thread still waited in a reconnection attempt");
+    assert_eq!(dest.postcopy_progress().recoveries, 0);
+    let _ = source.close();
+    eprintln!("destination aborted while reconnecting: post-copy ended {returned:?} after the abort ({err}), close {closed:?}");
+}

@@ -167,17 +167,18 @@ pub(crate) struct Link {
 
 impl Link {
     /// A link on `id`, on a new protection domain or (a post-copy recovery
-    /// connection) on `pd`, the link's it replaces, which must be on the same device.
+    /// connection) on the protection domain of the link it `replaces`, which
+    /// must be on the same device, and stopped by that link's stop flag.
     fn new(
         id: Arc<CmId>,
         negotiated: Negotiated,
         config: &Config,
         counters: Arc<Counters>,
-        pd: Option<&Arc<ProtectionDomain>>,
+        replaces: Option<&Link>,
     ) -> Result<Link> {
-        let pd = match pd {
+        let pd = match replaces {
             None => ProtectionDomain::new(&id)?,
-            Some(pd) if pd.is_on(&id) => pd.clone(),
+            Some(old) if old.pd.is_on(&id) => old.pd.clone(),
             Some(_) => {
                 return Err(Error::new(
                     ErrorKind::Connect,
@@ -201,7 +202,7 @@ impl Link {
             probe_posted: None,
             last_heard: Instant::now(),
             counters,
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: replaces.map_or_else(|| Arc::new(AtomicBool::new(false)), |old| old.stop.clone()),
             qp,
             cq,
             pd,

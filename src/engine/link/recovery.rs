@@ -75,8 +75,8 @@ impl Link {
         Ok(link)
     }
 
-    /// Takes over what the first connection agreed and its stop flag (the
-    /// hypervisor's abort stops waits on the new link too).
+    /// Takes over what the first connection agreed (its stop flag came
+    /// with `Link::new`).
     fn adopt(&mut self, old: &Link) -> Result<()> {
         if self.negotiated.authenticated != old.negotiated.authenticated {
             return Err(Error::new(
@@ -86,7 +86,6 @@ impl Link {
         }
         self.negotiated = old.negotiated;
         self.peer_pin_budget = old.peer_pin_budget;
-        self.stop = old.stop.clone();
         Ok(())
     }
 
@@ -107,22 +106,23 @@ impl Link {
 
     /// Source side, with a request outstanding (`begin_request_by`): its
     /// response, handed to `f`, or `None` as soon as a connection request
-    /// waits on `listener` (the destination's recovery connection, if it
+    /// waits on `listener`, if one is given (the destination's recovery connection, if it
     /// holds the token: then the destination gave this connection up,
     /// whether or not this side can tell yet).
     pub fn response_or_request<R>(
         &mut self,
-        listener: &Listener,
+        listener: Option<&Listener>,
         f: impl FnOnce(&Message) -> Result<R>,
     ) -> Result<Option<R>> {
         loop {
             if self.received[RESPONSE].is_some() {
                 return self.finish_request(f).map(Some);
             }
-            if listener.has_request() {
+            if listener.is_some_and(Listener::has_request) {
                 return Ok(None);
             }
-            self.pump(listener.event_fd().as_raw_fd(), EVENT_POLL_INTERVAL)?;
+            // poll(2) skips a negative descriptor.
+            self.pump(listener.map_or(-1, |l| l.event_fd().as_raw_fd()), EVENT_POLL_INTERVAL)?;
         }
     }
 }

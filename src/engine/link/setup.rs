@@ -143,6 +143,8 @@ impl Link {
         check_auth_config(config)?;
         pin::fork_mode();
         let deadline = Instant::now() + config.timeout;
+        // A recovery connection's waits end at the hypervisor's abort too.
+        let stop = resume.map(|r| &*r.old.stop);
         let addrs = resolve(host, port, config.timeout)?;
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
@@ -151,7 +153,7 @@ impl Link {
         let mut last = None;
         for addr in &addrs {
             match id.resolve_addr(addr, resolve_timeout_ms(deadline)) {
-                Ok(()) => match expect_event(&channel, CmEventKind::AddrResolved, deadline) {
+                Ok(()) => match expect_event(&channel, CmEventKind::AddrResolved, deadline, stop) {
                     Ok(_) => {
                         last = None;
                         break;
@@ -165,10 +167,10 @@ impl Link {
             return Err(Error::new(e.kind, format!("cannot resolve {host}:{port}: {}", e.message)));
         }
         id.resolve_route(resolve_timeout_ms(deadline))?;
-        expect_event(&channel, CmEventKind::RouteResolved, deadline)?;
+        expect_event(&channel, CmEventKind::RouteResolved, deadline, stop)?;
 
         let offered = Negotiated::offered(config, ram_bytes);
-        let mut link = Link::new(id, offered, config, counters, resume.map(|r| &r.old.pd))?;
+        let mut link = Link::new(id, offered, config, counters, resume.map(|r| r.old))?;
         // QEMU posts the READY receive before connecting: the destination may SEND at once.
         link.post_recv(INCOMING)?;
         let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
@@ -185,7 +187,7 @@ impl Link {
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
-        let event = wait_event(&channel, deadline, "the answer to the connection request")?;
+        let event = wait_event(&channel, deadline, "the answer to the connection request", stop)?;
         match event.kind() {
             CmEventKind::Established => {
                 let accepted = AcceptData::decode(event.private_data()).map_err(protocol_error)?;
@@ -398,8 +400,8 @@ impl Link {
             let _ = id.reject(&Capabilities { flags: CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH, ..ours }.encode());
             return Err(auth_error(format!("refused a source from {from} that does not authenticate")));
         }
-        let pd = resume.map(|r| &r.old.pd);
-        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters, pd));
+        let old = resume.map(|r| r.old);
+        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters, old));
         let mut link = match link {
             Ok(link) => link,
             Err(e) => {
@@ -441,7 +443,7 @@ impl Link {
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
-        expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout)?;
+        expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout, old.map(|o| &*o.stop))?;
         // The destination grants credits; it never waits for one.
         link.ready_expected = false;
         if let Some((key, t)) = transcript {
@@ -520,15 +522,31 @@ fn ack_timeout_exponent(liveness: Duration) -> u8 {
 }
 
 /// The next connection event, within `deadline`; `what` names the step for a timeout.
-fn wait_event(channel: &EventChannel, deadline: Instant, what: &str) -> Result<verbs::CmEvent> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    channel
-        .get_event(Some(left))?
-        .ok_or_else(|| Error::new(ErrorKind::Timeout, format!("timed out waiting for {what}")))
+/// The next connection event on `channel`, waiting until `deadline`, or
+/// until `stop` is set (looked at every [`EVENT_POLL_INTERVAL`]).
+fn wait_event(
+    channel: &EventChannel,
+    deadline: Instant,
+    what: &str,
+    stop: Option<&AtomicBool>,
+) -> Result<verbs::CmEvent> {
+    loop {
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return Err(Error::new(ErrorKind::Aborted, format!("aborted while waiting for {what}")));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::new(ErrorKind::Timeout, format!("timed out waiting for {what}")));
+        }
+        let slice = if stop.is_some() { left.min(EVENT_POLL_INTERVAL) } else { left };
+        if let Some(event) = channel.get_event(Some(slice))? {
+            return Ok(event);
+        }
+    }
 }
 
-fn expect_event(channel: &EventChannel, kind: CmEventKind, deadline: Instant) -> Result<()> {
-    let event = wait_event(channel, deadline, &format!("a connection event ({kind:?})"))?;
+fn expect_event(channel: &EventChannel, kind: CmEventKind, deadline: Instant, stop: Option<&AtomicBool>) -> Result<()> {
+    let event = wait_event(channel, deadline, &format!("a connection event ({kind:?})"), stop)?;
     if event.kind() != kind {
         return Err(Error::new(
             ErrorKind::Connect,

@@ -373,6 +373,7 @@ impl Puller<'_> {
             link.check_stop("post-copy's recovery")?;
             match link.reconnect(r.config, r.source.port, r.source.token) {
                 Ok(new) => break new,
+                Err(e) if e.kind == ErrorKind::Aborted => return Err(e),
                 Err(e) if e.kind == ErrorKind::Disconnected || Instant::now() >= deadline => {
                     return Err(Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message)));
                 }
