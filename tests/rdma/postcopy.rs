@@ -233,7 +233,27 @@ fn postcopy_into_shared_memory_guest_ram() {
 /// comes out byte for byte as without the loss.
 #[test]
 fn postcopy_recovers_a_lost_connection() {
-    postcopy_run_severed(Precopy::OneWindow, GuestRam::new, VCPUS, Duration::ZERO, Some(PAGES / 16));
+    postcopy_run_severed(
+        Precopy::OneWindow,
+        GuestRam::new,
+        VCPUS,
+        Duration::ZERO,
+        Some(Severs { every: PAGES / 16, times: 1 }),
+    );
+}
+
+/// The link lost three times in one post-copy, each time after some pages
+/// came through the connection before: three recoveries, each on the
+/// connection the one before made, and the guest byte for byte.
+#[test]
+fn postcopy_recovers_a_connection_lost_again_and_again() {
+    postcopy_run_severed(
+        Precopy::OneWindow,
+        GuestRam::new,
+        VCPUS,
+        Duration::ZERO,
+        Some(Severs { every: PAGES / 32, times: 3 }),
+    );
 }
 
 /// The acceptance run: a writer dirties pages faster than the link
@@ -378,16 +398,23 @@ fn postcopy_run(precopy: Precopy, dst_ram: fn(u64, u8) -> GuestRam, vcpus: u64, 
     postcopy_run_severed(precopy, dst_ram, vcpus, think, None)
 }
 
-/// As `postcopy_run`; with `sever_after`, both sides have post-copy recovery
+/// Links lost in a post-copy: `times`, each once `every` more stale pages
+/// were installed.
+struct Severs {
+    every: u64,
+    times: u64,
+}
+
+/// As `postcopy_run`; with `severs`, both sides have post-copy recovery
 /// on and the destination's link is severed (its QPs to the error state, no
-/// connection event) once it installed that many stale pages: the migration
-/// must come out the same, over one recovered connection.
+/// connection event) as `severs` says: the migration must come out the
+/// same, over as many recovered connections.
 fn postcopy_run_severed(
     precopy: Precopy,
     dst_ram: fn(u64, u8) -> GuestRam,
     vcpus: u64,
     think: Duration,
-    sever_after: Option<u64>,
+    severs: Option<Severs>,
 ) {
     let src = Arc::new(GuestRam::new(LEN, 0));
     let dst = Arc::new(dst_ram(LEN, 0xAA));
@@ -396,7 +423,7 @@ fn postcopy_run_severed(
         src.write_u64(off, rng.next());
     }
     // With recovery, authenticated: the recovery connection must prove the key again.
-    let config = match sever_after {
+    let config = match severs {
         None => Config::default(),
         Some(_) => Config {
             postcopy_recovery: Some(Duration::from_secs(20)),
@@ -408,7 +435,7 @@ fn postcopy_run_severed(
     assert!(source.negotiated().extensions);
     let bitmap = precopy_phase(precopy, &src, &mut source, &dest);
     let stale = count(&bitmap);
-    rdmamig::test_hooks::SEVER_AFTER_PAGES.store(sever_after.unwrap_or(0), Ordering::Relaxed);
+    rdmamig::test_hooks::SEVER_AFTER_PAGES.store(severs.as_ref().map_or(0, |s| s.every), Ordering::Relaxed);
 
     // The guest stops; device state, then post-copy.
     let blob: Vec<u8> = (0..10_000u32).map(|i| (i * 31 + 7) as u8).collect();
@@ -472,10 +499,26 @@ fn postcopy_run_severed(
             })
         })
         .collect();
-    let finished = dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(120))).unwrap();
+    // After each recovery the next loss is armed, `every` pages further on.
+    let (times, every) = severs.as_ref().map_or((0, 0), |s| (s.times, s.every));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut armed = u64::from(times > 0);
+    let finished = loop {
+        match dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_millis(20))) {
+            Ok(finished) => break finished,
+            Err(e) if e.kind == ErrorKind::Timeout && Instant::now() < deadline => {}
+            Err(e) => panic!("post-copy did not end: {e}"),
+        }
+        let p = dest.postcopy_progress();
+        if armed < times && p.recoveries == armed {
+            let installed = p.pages_total - p.pages_remaining;
+            rdmamig::test_hooks::SEVER_AFTER_PAGES.store(installed + every, Ordering::Relaxed);
+            armed += 1;
+        }
+    };
     let took = started.elapsed();
     assert_eq!(rdmamig::test_hooks::SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed), 0, "the link was not severed");
-    assert_eq!(finished.recoveries, u64::from(sever_after.is_some()), "{finished:?}");
+    assert_eq!(finished.recoveries, times, "{finished:?}");
     done.store(true, Ordering::Relaxed);
     let mut writes = Vec::new();
     let mut reads = Vec::new();
