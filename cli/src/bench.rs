@@ -307,7 +307,7 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
         ram.fill_page(page, &mut rng);
     }
     let registry = ram.registry()?;
-    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..Config::default() };
+    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..config(&args) };
     if show {
         eprintln!(
             "rdmamig bench: {} guest to {host}:{port}, {}, dirty rate {} pages/s",
@@ -447,7 +447,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     let ram = Arc::new(Ram::new(args.size)?);
     let registry = ram.registry()?;
     // Allows pin-all; the source decides.
-    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..Config::default() };
+    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..config(&args) };
     let listener = Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {e}"))?;
     // Always said (tests wait for it), on stderr: stdout is the result's.
     eprintln!("rdmamig bench: listening on {host}:{}, guest {}", listener.port(), human(args.size));
@@ -558,6 +558,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
             "faults_served": postcopy.faults_served,
             "pages_skipped": postcopy.pages_skipped,
             "bytes_pulled": postcopy.bytes_pulled,
+            "recoveries": postcopy.recoveries,
             "seconds": postcopy_time,
             "vcpus": args.vcpus,
             "vcpu_reads": vcpus.as_ref().map_or(0, Vcpus::reads),
@@ -571,6 +572,11 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     });
     let ok = value["error"].is_null();
     Ok((value, ok))
+}
+
+/// What both sides take from the command line.
+fn config(args: &BenchArgs) -> Config {
+    Config { postcopy_recovery: args.postcopy_recovery.map(|s| Duration::from_secs(s.into())), ..Config::default() }
 }
 
 fn postcopy_bar_for(show: bool, pages: u64) -> ProgressBar {
@@ -688,6 +694,9 @@ fn print_postcopy(pc: &Value, stale: u64) {
     println!("  post-copy pages    {} ({} stale)", int("pages"), stale);
     println!("  faults served      {}", int("faults_served"));
     println!("  bytes pulled       {} ({})", int("bytes_pulled"), human(int("bytes_pulled")));
+    if let Some(n) = pc["recoveries"].as_u64() {
+        println!("  recoveries         {n}");
+    }
     match pc["seconds"].as_f64() {
         Some(secs) => println!("  post-copy time     {:.3} s", secs),
         None => println!("  post-copy time     -"),

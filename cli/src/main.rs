@@ -155,6 +155,11 @@ struct BenchArgs {
     /// final memory). Used only when the source switches to post-copy.
     #[arg(long, value_name = "N", default_value_t = 4)]
     vcpus: u32,
+    /// Post-copy recovery, set on both sides: when post-copy's connection is lost, the
+    /// destination reconnects to the source for up to SECONDS (its vCPU threads wait
+    /// meanwhile) and the pull goes on. Without it a lost connection fails post-copy.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..))]
+    postcopy_recovery: Option<u32>,
     /// Print one JSON object on stdout instead of the progress bars and summary.
     #[arg(long)]
     json: bool,

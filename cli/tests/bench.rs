@@ -143,8 +143,8 @@ fn bench_migrates_byte_identical_in_every_mode() {
 fn bench_postcopy_pulls_the_stale_pages_byte_identical() {
     const SIZE: u64 = 64 << 20;
     let ((s, sc), (d, dc)) = migrate(
-        &["--size", "64M", "--dirty-rate", "4000", "--postcopy-after", "2"],
-        &["--size", "64M", "--vcpus", "3"],
+        &["--size", "64M", "--dirty-rate", "4000", "--postcopy-after", "2", "--postcopy-recovery", "30"],
+        &["--size", "64M", "--vcpus", "3", "--postcopy-recovery", "30"],
     );
     assert_eq!(s["error"], Value::Null, "{s}");
     assert_eq!(d["error"], Value::Null, "{d}");
@@ -165,6 +165,7 @@ fn bench_postcopy_pulls_the_stale_pages_byte_identical() {
     assert_eq!(sp["pages"], stale);
     assert_eq!((dp["stale_pages"].as_u64(), dp["pages"].as_u64()), (Some(stale), Some(stale)));
     assert_eq!(dp["pages_remaining"], 0);
+    assert_eq!(dp["recoveries"], 0);
     assert_eq!(sp["faults_served"], dp["faults_served"]);
     assert_eq!(sp["bytes_pulled"], dp["bytes_pulled"]);
     let skipped = dp["pages_skipped"].as_u64().unwrap();
@@ -180,13 +181,17 @@ fn bench_postcopy_pulls_the_stale_pages_byte_identical() {
 
 /// The source killed during post-copy: the destination reports the failure
 /// and exits 1 (its vCPU threads, released by SIGSEGV, are paused by its
-/// handler rather than killing it).
+/// handler rather than killing it). Both sides have `--postcopy-recovery`:
+/// the destination's one reconnection attempt finds the source's listener
+/// gone and gives up at once.
 #[test]
 fn bench_postcopy_source_killed_destination_reports_and_survives() {
-    let (dest, port, mut dest_err) = start_destination(&["--size", "128M", "--vcpus", "4"]);
+    let recovery = ["--postcopy-recovery", "30"];
+    let (dest, port, mut dest_err) = start_destination(&[&["--size", "128M", "--vcpus", "4"][..], &recovery].concat());
     let mut src = Command::new(exe())
         .args(["bench", "--json", &format!("{}:{port}", ip())])
         .args(["--size", "128M", "--dirty-rate", "20000", "--postcopy-after", "2"])
+        .args(recovery)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -200,15 +205,19 @@ fn bench_postcopy_source_killed_destination_reports_and_survives() {
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
     src.kill().unwrap();
+    let killed = std::time::Instant::now();
     let _ = src.wait();
     std::thread::spawn(move || std::io::copy(&mut dest_err, &mut std::io::stderr()));
     let out = dest.wait_with_output().expect("the destination ends");
+    let ended = killed.elapsed();
     assert_eq!(out.status.code(), Some(1), "the destination exits 1 (not killed by a signal): {:?}", out.status);
     let d: Value = serde_json::from_slice(&out.stdout).expect("the destination's --json");
     println!("destination: {d}");
     assert_eq!(d["ending"], "failed", "{d}");
-    // A failed READ (the source's memory is gone) or the disconnect, whichever comes first.
-    assert!(d["error"].as_str().is_some_and(|e| !e.is_empty()), "{d}");
+    // A failed READ (the source's memory is gone) or the disconnect, whichever
+    // comes first; then no recovery (it does not wait out the 30 s).
+    assert!(d["error"].as_str().is_some_and(|e| e.contains("no recovery")), "{d}");
+    assert!(ended < std::time::Duration::from_secs(20), "the destination ended {ended:?} after the kill");
     let pc = &d["postcopy"];
     assert!(pc["pages_remaining"].as_u64().is_some_and(|n| n > 0), "the kill came after post-copy ended: {d}");
     assert!(pc["vcpus_paused"].as_u64().is_some_and(|n| n <= 4), "{d}");
