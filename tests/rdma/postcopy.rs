@@ -780,7 +780,7 @@ fn postcopy_destination_child() {
         return;
     }
     let dst = GuestRam::new(KILLED_DEST_LEN, 0xAA);
-    let (listener, port) = listen(&Config::default());
+    let (listener, port) = listen(&recovering());
     println!("{REPORT}port {port}");
     let dest =
         Destination::accept(&listener, &one_block(&dst, KILLED_DEST_LEN), Some(Duration::from_secs(60))).unwrap();
@@ -797,6 +797,8 @@ fn postcopy_destination_child() {
 /// waits for the destination to hold every page, fails within the liveness
 /// time instead of waiting for ever, and `close` then reports the failure.
 /// (The guest ran on the destination: the hypervisor learns it is lost.)
+/// Both sides have post-copy recovery on: a destination that is gone (its
+/// disconnect came) is not waited for.
 #[test]
 fn postcopy_destination_killed_fails_the_source_in_time() {
     let exe = ChildExe::copy();
@@ -804,7 +806,7 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
     let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_destination_child", DEST_CHILD_ENV, "1");
     let report = peer.next(Duration::from_secs(60));
     let port: u16 = report.strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port report");
-    let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src, KILLED_DEST_LEN)).unwrap();
+    let source = Source::connect(&rdma_ip(), port, &recovering(), &one_block(&src, KILLED_DEST_LEN)).unwrap();
     source.iteration_begin().unwrap();
     source.save(0, 0, KILLED_DEST_LEN).unwrap();
     source.iteration_end().unwrap();
@@ -934,37 +936,43 @@ fn postcopy_aborted_by_the_source_stops_both_sides() {
     );
 }
 
-/// A source with post-copy recovery on whose destination fails for good
-/// (its link severed by the test hook, without recovery of its own) waits
-/// for a recovery connection; the hypervisor's abort ends that wait at once
-/// (`close`, which joins the transfer thread, returns within the bound; the
-/// `postcopy` call itself returns at the abort whatever that thread does).
+/// A source with post-copy recovery on that lost its link (the
+/// destination's QPs severed by the test hook, so its liveness probe
+/// fails) waits for a recovery connection; the hypervisor's abort ends that
+/// wait at once (`close`, which joins the transfer thread, returns within
+/// the bound; the `postcopy` call itself returns at the abort whatever that
+/// thread does). The source heeds no recovery request (test hook), so the
+/// destination's reconnection cannot end its wait first.
 #[test]
 fn postcopy_recovery_wait_ends_at_the_sources_abort() {
     const BOUND: Duration = Duration::from_secs(3);
+    const LIVENESS: Duration = Duration::from_secs(2);
     let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
-    let recovering = Config { postcopy_recovery: Some(Duration::from_secs(30)), ..Config::default() };
+    let recovering = Config { postcopy_recovery: Some(Duration::from_secs(60)), ..Config::default() };
+    let source_config = Config { liveness: Some(LIVENESS), ..recovering.clone() };
     let (source, dest) =
-        connect(&one_block(&src, KILLED_DEST_LEN), &recovering, one_block(&dst, KILLED_DEST_LEN), &Config::default());
+        connect(&one_block(&src, KILLED_DEST_LEN), &source_config, one_block(&dst, KILLED_DEST_LEN), &recovering);
     source.iteration_begin().unwrap();
     source.iteration_end().unwrap();
     dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
     let stale = vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }];
+    rdmamig::test_hooks::DEAF_TO_RECOVERY.store(true, Ordering::Relaxed);
     rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
     let (err, returned) = thread::scope(|s| {
         let postcopy = s.spawn(|| {
             let r = source.postcopy(&stale);
             (Instant::now(), r)
         });
-        let dest_err = dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(60))).unwrap_err();
-        // The source notices (the destination's disconnect) and waits for a recovery connection.
-        thread::sleep(Duration::from_millis(500));
-        assert!(!postcopy.is_finished(), "the source's postcopy returned without waiting; the destination: {dest_err}");
+        dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+        // The source notices within its liveness time and waits for a recovery connection.
+        thread::sleep(LIVENESS + Duration::from_secs(1));
+        assert!(!postcopy.is_finished(), "the source's postcopy returned without waiting");
         let aborted = Instant::now();
         source.abort();
         let (at, r) = postcopy.join().unwrap();
         (r.unwrap_err(), at.saturating_duration_since(aborted))
     });
+    rdmamig::test_hooks::DEAF_TO_RECOVERY.store(false, Ordering::Relaxed);
     assert_eq!(rdmamig::test_hooks::SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed), 0, "the link was not severed");
     assert_eq!(err.kind, ErrorKind::Aborted, "{err}");
     assert!(returned < BOUND, "the source's postcopy returned {returned:?} after the abort");
@@ -972,6 +980,10 @@ fn postcopy_recovery_wait_ends_at_the_sources_abort() {
     assert!(source.close().is_err());
     let closed = closing.elapsed();
     assert!(closed < BOUND, "close took {closed:?}: the transfer thread still waited for a recovery connection");
+    // The destination, still reconnecting, stops at its own abort.
+    dest.abort();
+    assert!(dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(10))).is_err());
+    dest.close();
     eprintln!(
         "source waiting for a recovery connection: its postcopy returned {returned:?} after the abort ({err}), \
          close {closed:?}"

@@ -224,6 +224,14 @@ impl Recovery {
                     Err(e) if e.kind == ErrorKind::WouldBlock => continue,
                     Err(e) => return Err(e),
                 },
+                // A destination that recovers sends no disconnect (`Link::abandon`):
+                // this one is gone (its process ended), it is not waited for.
+                Err(lost) if link.closed_by_peer() => {
+                    return Err(Error::new(
+                        lost.kind,
+                        format!("{}; the destination closed it: no recovery", lost.message),
+                    ))
+                }
                 Err(lost) if postcopy::recoverable(&lost) => self.take_back(link, lost)?,
                 Err(e) => return Err(e),
             };
@@ -247,21 +255,27 @@ impl Recovery {
             // In slices, so that the hypervisor's abort is seen.
             link.check_stop("post-copy's recovery")?;
             let slice = (Instant::now() + ACCEPT_SLICE).min(deadline);
-            match link.accept_recovery(&self.listener, self.token, slice) {
+            let back = match heeded(&self.listener) {
+                Some(listener) => link.accept_recovery(listener, self.token, slice),
+                None => {
+                    std::thread::sleep(slice.saturating_duration_since(Instant::now()));
+                    Err(Error::new(ErrorKind::Timeout, "the recovery listener is not heeded (test hook)"))
+                }
+            };
+            match back {
                 Ok(back) => {
                     logging::info(format_args!("source: post-copy's connection is back"));
                     return Ok(back);
                 }
                 Err(e) if e.kind == ErrorKind::Timeout && slice < deadline => {}
-                Err(e) if e.kind == ErrorKind::Aborted => return Err(e),
                 Err(e) => return Err(Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message))),
             }
         }
     }
 }
 
-/// The listener the wait for POSTCOPY_DONE watches: none while the test
-/// hook `DEAF_TO_RECOVERY` is set.
+/// The listener the source's waits watch: none while the test hook
+/// `DEAF_TO_RECOVERY` is set.
 fn heeded(listener: &Listener) -> Option<&Listener> {
     #[cfg(feature = "rdma-tests")]
     if DEAF_TO_RECOVERY.load(std::sync::atomic::Ordering::Relaxed) {
@@ -270,9 +284,9 @@ fn heeded(listener: &Listener) -> Option<&Listener> {
     Some(listener)
 }
 
-/// Failure injection for the RDMA tests: the source's wait for
-/// POSTCOPY_DONE does not look at its recovery listener, as a source host
-/// that stopped answering (a destination's recovery request waits unanswered).
+/// Failure injection for the RDMA tests: the source never looks at its
+/// recovery listener, as a source host that stopped answering (a
+/// destination's recovery request waits unanswered).
 #[cfg(feature = "rdma-tests")]
 pub static DEAF_TO_RECOVERY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
