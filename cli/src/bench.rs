@@ -307,7 +307,7 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
         ram.fill_page(page, &mut rng);
     }
     let registry = ram.registry()?;
-    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..config(&args) };
+    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..config(args) };
     if show {
         eprintln!(
             "rdmamig bench: {} guest to {host}:{port}, {}, dirty rate {} pages/s",
@@ -447,7 +447,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     let ram = Arc::new(Ram::new(args.size)?);
     let registry = ram.registry()?;
     // Allows pin-all; the source decides.
-    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..config(&args) };
+    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..config(args) };
     let listener = Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {e}"))?;
     // Always said (tests wait for it), on stderr: stdout is the result's.
     eprintln!("rdmamig bench: listening on {host}:{}, guest {}", listener.port(), human(args.size));
