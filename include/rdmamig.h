@@ -24,7 +24,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 10
+#define RDMAMIG_VERSION_MINOR 11
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -966,8 +966,10 @@ rdmamig_status rdmamig_config_set_liveness_ms(struct rdmamig_config *config, uin
  * vCPUs stay blocked on their missing pages; the new connection is
  * authenticated as the first was, and the pull goes on where it stopped.
  * Not after the source's ERROR, nor when the source's listener is gone (a
- * killed source): then post-copy fails at once, as without it. Each side
- * counts from the moment it noticed the loss. Default 0: off.
+ * killed source), nor on the source when the destination disconnected (a
+ * killed destination): then post-copy fails at once, as without it. Each
+ * side counts from the moment it noticed the loss. Negotiated when
+ * connecting: only with it on both sides. Default 0: off.
  */
 rdmamig_status rdmamig_config_set_postcopy_recovery_ms(struct rdmamig_config *config,
                                                        uint32_t recovery_ms);

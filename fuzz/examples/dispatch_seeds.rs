@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 
 use rdmamig::wire::{
-    BlockSpec, CommandType, Compress, EndSummary, Entry, MessageWriter, RegisterRequest, CHUNK_SIZE,
+    BlockSpec, CommandType, Compress, EndSummary, Entry, MessageWriter, PostcopyRecovery, RegisterRequest, CHUNK_SIZE,
     CONTROL_BUFFER_SIZE,
 };
-use rdmamig_fuzz::dispatch::{BLOCKS, BUDGET_SHIFT, MODE_EXTENSIONS, MODE_PIN_ALL};
+use rdmamig_fuzz::dispatch::{BLOCKS, BUDGET_SHIFT, MODE_EXTENSIONS, MODE_PIN_ALL, MODE_RECOVERY};
 
 /// One input: the mode byte, then the messages as SENDs carry them.
 struct Sequence {
@@ -139,6 +139,14 @@ fn main() {
         ("pin_all_register_first", Sequence::new(MODE_PIN_ALL).entries(Reg, &[register(2, 2, 0, 0)]).blocks(&[])),
         // Refused: END before the window closed.
         ("end_in_window", Sequence::new(ext).entries(Z, &[zero(2, 2, 0, 4096)]).end()),
+        // Post-copy recovery negotiated: POSTCOPY_RECOVERY after the first window.
+        (
+            "rdmamig_recovery",
+            Sequence::new(ext | MODE_RECOVERY)
+                .blocks(&[0, 1, 2])
+                .finished()
+                .entries(CommandType::PostcopyRecovery, &[PostcopyRecovery { port: 4791, token: [7; 16] }]),
+        ),
     ];
     for (name, seq) in seeds {
         std::fs::write(dir.join(name), &seq.bytes).expect("write a seed");

@@ -85,7 +85,9 @@ fuzz_target!(|data: &[u8]| {
                 assert!(r.length > 0 && r.offset >= end && r.offset + r.length <= e.length);
                 end = r.offset + r.length;
             }
-            for p in (0..e.length.div_ceil(POSTCOPY_PAGE_SIZE)).filter(|p| stale[(p / 64) as usize] >> (p % 64) & 1 != 0) {
+            for p in
+                (0..e.length.div_ceil(POSTCOPY_PAGE_SIZE)).filter(|p| stale[(p / 64) as usize] >> (p % 64) & 1 != 0)
+            {
                 let at = p * POSTCOPY_PAGE_SIZE;
                 assert!(regions.iter().any(|r| (r.offset..r.offset + r.length).contains(&at)), "page {p} uncovered");
             }

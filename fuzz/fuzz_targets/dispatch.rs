@@ -20,8 +20,8 @@ use libfuzzer_sys::fuzz_target;
 use rdmamig::engine::stats::Counters;
 use rdmamig::fuzzing::{Dispatcher, Registrar, Reply, Step};
 use rdmamig::wire::{decode_message, CommandType, MessageWriter, CONTROL_BUFFER_SIZE, CONTROL_HEADER_LEN};
-use rdmamig::{Error, ErrorKind, RamBlocks, Result};
-use rdmamig_fuzz::dispatch::{BLOCKS, BUDGETS, BUDGET_SHIFT, MODE_EXTENSIONS, MODE_PIN_ALL};
+use rdmamig::{Error, ErrorKind, Negotiated, RamBlocks, Result};
+use rdmamig_fuzz::dispatch::{BLOCKS, BUDGETS, BUDGET_SHIFT, MODE_EXTENSIONS, MODE_PIN_ALL, MODE_RECOVERY};
 
 const CANARY_LEN: usize = 4096;
 const CANARY: u8 = 0xC5;
@@ -215,7 +215,9 @@ fuzz_target!(|data: &[u8]| {
         live: Vec::new(),
         next_rkey: 0,
     };
-    let mut dispatcher = Dispatcher::<FakePins>::new(arena.ram.clone(), extensions, pin_all, Arc::new(Counters::new()));
+    let postcopy_recovery = extensions && mode & MODE_RECOVERY != 0;
+    let negotiated = Negotiated { extensions, pin_all, authenticated: false, postcopy_recovery };
+    let mut dispatcher = Dispatcher::<FakePins>::new(arena.ram.clone(), negotiated, Arc::new(Counters::new()));
     let mut pin_all_pending = pin_all;
     let mut zeroed = false;
     while !rest.is_empty() {

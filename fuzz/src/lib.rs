@@ -16,4 +16,6 @@ pub mod dispatch {
     /// Bits 2-3 of the mode byte pick one of these pin budgets.
     pub const BUDGET_SHIFT: u8 = 2;
     pub const BUDGETS: [Option<u64>; 4] = [None, Some(MIB as u64), Some(3 * MIB as u64 / 2), Some(4 * MIB as u64)];
+    /// Post-copy recovery negotiated (with the extensions only).
+    pub const MODE_RECOVERY: u8 = 16;
 }

@@ -85,7 +85,8 @@ pub struct Config {
     /// reconnects after a transport error or a liveness failure (not after
     /// the source's ERROR, nor when the source's listener is gone, which is
     /// what a killed source leaves) and its vCPUs wait meanwhile. Each side
-    /// counts from the moment it noticed the loss.
+    /// counts from the moment it noticed the loss. Negotiated: recovery
+    /// needs it on both sides.
     pub postcopy_recovery: Option<Duration>,
 }
 

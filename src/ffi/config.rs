@@ -150,8 +150,10 @@ pub extern "C" fn rdmamig_config_set_liveness_ms(config: *mut rdmamig_config, li
 /// vCPUs stay blocked on their missing pages; the new connection is
 /// authenticated as the first was, and the pull goes on where it stopped.
 /// Not after the source's ERROR, nor when the source's listener is gone (a
-/// killed source): then post-copy fails at once, as without it. Each side
-/// counts from the moment it noticed the loss. Default 0: off.
+/// killed source), nor on the source when the destination disconnected (a
+/// killed destination): then post-copy fails at once, as without it. Each
+/// side counts from the moment it noticed the loss. Negotiated when
+/// connecting: only with it on both sides. Default 0: off.
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_postcopy_recovery_ms(
     config: *mut rdmamig_config,

@@ -89,8 +89,15 @@ pub const CAP_RDMAMIG_AUTH: u32 = 0x4000_0000;
 /// The source's recovery listener grants it; a destination's listener never
 /// does (it masks it away).
 pub const CAP_RDMAMIG_RESUME: u32 = 0x2000_0000;
+/// Capability (rdmamig extension, only with [`CAP_RDMAMIG_EXT`]): post-copy
+/// recovery, offered by a source and granted by a destination that both
+/// have it on (`Config::postcopy_recovery`). Only then does the source
+/// listen for a recovery connection and send POSTCOPY_RECOVERY, which a
+/// destination that did not grant it refuses.
+pub const CAP_RDMAMIG_RECOVERY: u32 = 0x1000_0000;
 /// Every capability bit rdmamig understands.
-pub const KNOWN_CAPS: u32 = CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME;
+pub const KNOWN_CAPS: u32 =
+    CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME | CAP_RDMAMIG_RECOVERY;
 /// Size of a post-copy recovery token.
 pub const RECOVERY_TOKEN_LEN: usize = 16;
 /// Size of an authentication nonce.

@@ -49,7 +49,8 @@ fn constants() {
     assert_eq!(CAP_RDMAMIG_EXT, 0x8000_0000);
     assert_eq!(CAP_RDMAMIG_AUTH, 0x4000_0000);
     assert_eq!(CAP_RDMAMIG_RESUME, 0x2000_0000);
-    assert_eq!(KNOWN_CAPS, 0xE000_0001);
+    assert_eq!(CAP_RDMAMIG_RECOVERY, 0x1000_0000);
+    assert_eq!(KNOWN_CAPS, 0xF000_0001);
     assert_eq!((RECOVERY_TOKEN_LEN, PostcopyRecovery::SIZE), (16, 20));
     assert_eq!((AUTH_NONCE_LEN, AUTH_PROOF_LEN, AuthProof::SIZE), (32, 32, 32));
     assert_eq!(BLOCK_SPEC_LEN, 256);

@@ -87,7 +87,7 @@ use rdmamig::verbs::{
 use rdmamig::wire::{
     self, AuthProof, BlockSpec, Capabilities, CommandType, Compress, DestBlock, EndSummary, Entry, MessageWriter,
     PostcopyBlock, PostcopyRecovery, PostcopyRegion, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT,
-    CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
+    CAP_RDMAMIG_RECOVERY, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
 };
 use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, RamBlocks};
 
@@ -1093,17 +1093,33 @@ fn postcopy_fault_qp_out_of_place_twice_or_out_of_range_is_refused() {
     s.rejects(&message(CommandType::PostcopyFaultQp, &[ep]), &["a second POSTCOPY_FAULT_QP"]);
 }
 
-/// POSTCOPY_RECOVERY (rdmamig extension): refused without the extensions
-/// and inside a window, and with port 0; POSTCOPY_RESUME is refused outside
-/// a post-copy recovery connection.
+/// POSTCOPY_RECOVERY (rdmamig extension): refused without the extensions,
+/// without the recovery capability granted (the source did not offer it, or
+/// the destination has recovery off), inside a window, and with port 0;
+/// POSTCOPY_RESUME is refused outside a post-copy recovery connection.
 #[test]
 fn postcopy_recovery_out_of_place_or_with_port_0_and_resume_unasked_are_refused() {
     let offer = PostcopyRecovery { port: 4791, token: [7; 16] };
+    let recovering = || Config { postcopy_recovery: Some(Duration::from_secs(5)), ..Config::default() };
+    let recovery = CAP_RDMAMIG_EXT | CAP_RDMAMIG_RECOVERY;
     let mut s = after_blocks(0);
     s.rejects(&message(CommandType::PostcopyRecovery, &[offer]), &["unexpected PostcopyRecovery"]);
-    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    // Offered, not granted: this destination has recovery off.
+    let mut s = after_blocks(recovery);
+    assert_eq!(s.peer.reply, Capabilities::v1(CAP_RDMAMIG_EXT));
+    s.peer.finish_window();
     s.rejects(&message(CommandType::PostcopyRecovery, &[offer]), &["unexpected PostcopyRecovery"]);
-    let mut s = after_blocks(CAP_RDMAMIG_EXT);
+    // Not offered, so not granted, though this destination has it on.
+    let mut s = start(recovering(), CAP_RDMAMIG_EXT);
+    s.peer.ram_blocks();
+    s.peer.finish_window();
+    s.rejects(&message(CommandType::PostcopyRecovery, &[offer]), &["unexpected PostcopyRecovery"]);
+    let mut s = start(recovering(), recovery);
+    assert_eq!(s.peer.reply, Capabilities::v1(recovery));
+    s.peer.ram_blocks();
+    s.rejects(&message(CommandType::PostcopyRecovery, &[offer]), &["unexpected PostcopyRecovery"]);
+    let mut s = start(recovering(), recovery);
+    s.peer.ram_blocks();
     s.peer.finish_window();
     s.rejects(&message(CommandType::PostcopyRecovery, &[PostcopyRecovery { port: 0, ..offer }]), &["port 0"]);
     let mut s = after_blocks(CAP_RDMAMIG_EXT);
@@ -1493,7 +1509,8 @@ fn unknown_capability_flags_are_masked_away() {
         let mut s = start(Config::default(), offered);
         let extensions = kept == CAP_RDMAMIG_EXT;
         assert_eq!(s.peer.reply, Capabilities::v1(kept), "offered {offered:#x}");
-        assert_eq!(s.dest.negotiated(), Negotiated { pin_all: false, extensions, authenticated: false });
+        let negotiated = Negotiated { pin_all: false, extensions, authenticated: false, postcopy_recovery: false };
+        assert_eq!(s.dest.negotiated(), negotiated);
         s.peer.ram_blocks();
         s.peer.finish_window();
         if extensions {

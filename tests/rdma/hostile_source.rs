@@ -73,7 +73,8 @@ use rdmamig::verbs::{
 use rdmamig::wire::{
     self, AcceptData, BlockSpec, Capabilities, CommandType, ConnectData, ControlHeader, DestBlock, Entry,
     PostcopyBlock, PostcopyRecovery, PostcopySummary, QpEndpoint, RegisterRequest, RegisterResult, CAP_PIN_ALL,
-    CAP_RDMAMIG_EXT, CAP_RDMAMIG_RESUME, CONTROL_BUFFER_SIZE, CONTROL_HEADER_LEN, MAX_PAYLOAD, RECOVERY_TOKEN_LEN,
+    CAP_RDMAMIG_EXT, CAP_RDMAMIG_RECOVERY, CAP_RDMAMIG_RESUME, CONTROL_BUFFER_SIZE, CONTROL_HEADER_LEN, MAX_PAYLOAD,
+    RECOVERY_TOKEN_LEN,
 };
 use rdmamig::{Config, Error, ErrorKind, Negotiated, RamBlocks, Source, StalePages};
 
@@ -1083,27 +1084,12 @@ fn source_ram_refuses_a_write_with_its_real_rkey() {
 #[test]
 fn recovery_listener_refuses_requests_without_the_token() {
     let listening = Listening::new();
-    let port = listening.port;
     let ram = source_ram();
     let pages = BLOCKS[0].1 / 4096;
-    let (tx, postcopy) = mpsc::channel();
-    {
-        let ram = ram.clone();
-        let config = Config { postcopy_recovery: Some(Duration::from_secs(5)), ..config() };
-        thread::spawn(move || {
-            let mut registry = RamBlocks::new();
-            for ((&(name, len), mem), offset) in BLOCKS.iter().zip(ram.iter()).zip(SOURCE_OFFSETS) {
-                // SAFETY: the mapping outlives the source (this thread holds it).
-                unsafe { registry.add(name, mem.ptr(), offset, len).expect("add block") };
-            }
-            let mut source = Source::connect(&rdma_ip(), port, &config, &registry).expect("connect");
-            window(&mut source).expect("window");
-            let bitmap = vec![!0u64; (pages / 64) as usize];
-            let _ = tx.send(source.postcopy(&[StalePages { block: 0, bitmap }]));
-            drop(source);
-        });
-    }
-    let mut dest = Dest::accept(&listening, &accept_data());
+    let postcopy = recovering_source(listening.port, &ram, pages);
+    let granted =
+        AcceptData { caps: Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_RECOVERY), pin_budget: None, auth: None };
+    let mut dest = Dest::accept(&listening, &granted.encode());
     let offer = dest.serve_until(CommandType::PostcopyRecovery).entries::<PostcopyRecovery>()[0];
     // The fault QP: a made-up endpoint will do (the source only answers reads on it).
     let m = dest.next();
@@ -1140,4 +1126,53 @@ fn recovery_listener_refuses_requests_without_the_token() {
         "recovery listener on port {}: refused another token and none; post-copy ended over its connection",
         offer.port
     );
+}
+
+/// A source with post-copy recovery on, in a thread: it connects to `port`,
+/// sends one window, then post-copy with every page of the first block stale;
+/// its `postcopy` result comes through the channel.
+fn recovering_source(port: u16, ram: &Arc<Vec<GuestRam>>, pages: u64) -> Receiver<rdmamig::Result<PostcopySummary>> {
+    let (tx, postcopy) = mpsc::channel();
+    let ram = ram.clone();
+    let config = Config { postcopy_recovery: Some(Duration::from_secs(5)), ..config() };
+    thread::spawn(move || {
+        let mut registry = RamBlocks::new();
+        for ((&(name, len), mem), offset) in BLOCKS.iter().zip(ram.iter()).zip(SOURCE_OFFSETS) {
+            // SAFETY: the mapping outlives the source (this thread holds it).
+            unsafe { registry.add(name, mem.ptr(), offset, len).expect("add block") };
+        }
+        let mut source = Source::connect(&rdma_ip(), port, &config, &registry).expect("connect");
+        window(&mut source).expect("window");
+        let bitmap = vec![!0u64; (pages / 64) as usize];
+        let _ = tx.send(source.postcopy(&[StalePages { block: 0, bitmap }]));
+        drop(source);
+    });
+    postcopy
+}
+
+/// A source with post-copy recovery on whose destination does not grant it
+/// (recovery off there, or an rdmamig before 0.11): the source sends no
+/// POSTCOPY_RECOVERY, which that destination would refuse, and its
+/// post-copy runs without recovery.
+#[test]
+fn recovery_not_granted_is_not_offered() {
+    let listening = Listening::new();
+    let ram = source_ram();
+    let pages = BLOCKS[0].1 / 4096;
+    let postcopy = recovering_source(listening.port, &ram, pages);
+    let mut dest = Dest::accept(&listening, &accept_data());
+    let m = loop {
+        let m = dest.next();
+        if matches!(m.kind, CommandType::PostcopyFaultQp | CommandType::PostcopyRecovery) {
+            break m;
+        }
+        dest.answer(&m);
+    };
+    assert_eq!(m.kind, CommandType::PostcopyFaultQp, "the source offered recovery that was not granted");
+    dest.send(CommandType::PostcopyFaultQpResult, &[QpEndpoint { qpn: 1, psn: 0 }]).expect("fault QP result");
+    assert_eq!(dest.next().kind, CommandType::Postcopy);
+    let summary = PostcopySummary { pages, faults: 0, bytes: pages * 4096 };
+    dest.send(CommandType::PostcopyDone, &[summary]).expect("POSTCOPY_DONE");
+    let got = postcopy.recv_timeout(BOUND).expect("the source's post-copy still waits");
+    assert_eq!(got.expect("post-copy without recovery"), summary);
 }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::engine::link::protocol_error;
+use crate::engine::link::{protocol_error, Negotiated};
 use crate::engine::postcopy::{self, plan::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
@@ -120,6 +120,8 @@ pub struct Dispatcher<R: Registrar> {
     extensions: bool,
     /// This side registers whole blocks (handed over with `pinned_all`), never chunks.
     pin_all: bool,
+    /// Both sides have post-copy recovery on: POSTCOPY_RECOVERY may come.
+    postcopy_recovery: bool,
     counters: Arc<Counters>,
     /// Local block index of each source block index (identity until the source describes its blocks).
     order: Vec<usize>,
@@ -151,7 +153,8 @@ fn protocol(message: String) -> Error {
 }
 
 impl<R: Registrar> Dispatcher<R> {
-    pub fn new(ram: RamBlocks, extensions: bool, pin_all: bool, counters: Arc<Counters>) -> Self {
+    pub fn new(ram: RamBlocks, negotiated: Negotiated, counters: Arc<Counters>) -> Self {
+        let Negotiated { extensions, pin_all, postcopy_recovery, .. } = negotiated;
         let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| ChunkReg::Free).collect()).collect();
         let whole = ram.blocks().iter().map(|_| None).collect();
         let order = (0..ram.len()).collect();
@@ -159,6 +162,7 @@ impl<R: Registrar> Dispatcher<R> {
             ram,
             extensions,
             pin_all,
+            postcopy_recovery,
             counters,
             order,
             chunks,
@@ -253,7 +257,7 @@ impl<R: Registrar> Dispatcher<R> {
             CommandType::PostcopyFaultQp if self.extensions && self.blocks_exchanged && !self.in_window => {
                 Step::FaultQp(entries::<QpEndpoint>(m)?[0])
             }
-            CommandType::PostcopyRecovery if self.extensions && self.blocks_exchanged && !self.in_window => {
+            CommandType::PostcopyRecovery if self.postcopy_recovery && self.blocks_exchanged && !self.in_window => {
                 Step::Recovery(entries::<PostcopyRecovery>(m)?[0])
             }
             other => return Err(protocol(format!("unexpected {other:?} message from the source"))),
@@ -537,7 +541,8 @@ mod tests {
             let mut ram = RamBlocks::new();
             // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
             unsafe { ram.add("a", mem.ptr(), 16 * MIB, 3 * MIB).unwrap() };
-            let dispatcher = Dispatcher::new(ram, extensions, pin_all, Arc::new(Counters::new()));
+            let negotiated = Negotiated { extensions, pin_all, authenticated: false, postcopy_recovery: false };
+            let dispatcher = Dispatcher::new(ram, negotiated, Arc::new(Counters::new()));
             Fixture { _mem: mem, dispatcher, keys: Keys::default() }
         }
 

@@ -89,8 +89,7 @@ impl Service {
         observer: Option<Observer>,
         config: &Config,
     ) -> Service {
-        let (extensions, pin_all) = (link.negotiated.extensions, link.negotiated.pin_all);
-        let mut dispatcher = Dispatcher::new(ram, extensions, pin_all, shared.counters.clone());
+        let mut dispatcher = Dispatcher::new(ram, link.negotiated, shared.counters.clone());
         if let Some(observer) = observer {
             dispatcher.set_observer(observer);
         }

@@ -18,7 +18,7 @@ use crate::engine::Config;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
 use crate::wire::{
     AcceptData, AuthChallenge, Capabilities, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
-    CAP_RDMAMIG_RESUME, RECOVERY_TOKEN_LEN,
+    CAP_RDMAMIG_RECOVERY, CAP_RDMAMIG_RESUME, RECOVERY_TOKEN_LEN,
 };
 use crate::{Error, ErrorKind, Result};
 use subtle::ConstantTimeEq;
@@ -62,6 +62,8 @@ pub struct Negotiated {
     pub extensions: bool,
     /// Each side proved the pre-shared key to the other (`Config::auth_key`).
     pub authenticated: bool,
+    /// Both sides have post-copy recovery on (`Config::postcopy_recovery`).
+    pub postcopy_recovery: bool,
 }
 
 /// For the log: "pin-all on, rdmamig extensions on, authenticated".
@@ -72,7 +74,11 @@ impl std::fmt::Display for Negotiated {
         if !self.extensions {
             f.write_str(" (a QEMU peer)")?;
         }
-        f.write_str(if self.authenticated { ", authenticated" } else { ", not authenticated" })
+        f.write_str(if self.authenticated { ", authenticated" } else { ", not authenticated" })?;
+        if self.postcopy_recovery {
+            f.write_str(", post-copy recovery on")?;
+        }
+        Ok(())
     }
 }
 
@@ -91,7 +97,8 @@ impl Negotiated {
             ));
         }
         let authenticated = config.auth_key.is_some() && config.extensions;
-        Negotiated { pin_all: config.pin_all && fits, extensions: config.extensions, authenticated }
+        let postcopy_recovery = config.postcopy_recovery.is_some() && config.extensions;
+        Negotiated { pin_all: config.pin_all && fits, extensions: config.extensions, authenticated, postcopy_recovery }
     }
 
     /// Keeps what both this and the peer's capability flags have.
@@ -101,6 +108,7 @@ impl Negotiated {
             pin_all: self.pin_all && flags & CAP_PIN_ALL != 0,
             extensions,
             authenticated: self.authenticated && extensions && flags & CAP_RDMAMIG_AUTH != 0,
+            postcopy_recovery: self.postcopy_recovery && extensions && flags & CAP_RDMAMIG_RECOVERY != 0,
         }
     }
 
@@ -109,6 +117,7 @@ impl Negotiated {
         bit(self.pin_all, CAP_PIN_ALL)
             | bit(self.extensions, CAP_RDMAMIG_EXT)
             | bit(self.authenticated, CAP_RDMAMIG_AUTH)
+            | bit(self.postcopy_recovery, CAP_RDMAMIG_RECOVERY)
     }
 }
 

@@ -108,8 +108,8 @@ pub(crate) fn run(
     let Exposed { mrs, tables } = exposed.insert(Exposed::default());
     let result = (|| {
         let recovery = match config.postcopy_recovery {
-            Some(window) => Some(Recovery::offer(link, config, window)?),
-            None => None,
+            Some(window) if link.negotiated.postcopy_recovery => Some(Recovery::offer(link, config, window)?),
+            _ => None,
         };
         for t in &mut blocks {
             let block = ram.get(t.entry.block_index)?;

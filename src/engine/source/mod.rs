@@ -194,7 +194,8 @@ impl Source {
     pub(crate) fn detached() -> Source {
         let shared =
             Shared::new(RamBlocks::new(), Arc::new(Counters::new()), Readiness::new().expect("an eventfd"), None);
-        let negotiated = Negotiated { pin_all: false, extensions: true, authenticated: false };
+        let negotiated =
+            Negotiated { pin_all: false, extensions: true, authenticated: false, postcopy_recovery: false };
         Source::new(shared, None, negotiated, Arc::new(AtomicBool::new(false)), None)
     }
 
