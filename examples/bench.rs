@@ -884,57 +884,14 @@ fn progress(what: &str) {
     eprintln!("bench: {what}");
 }
 
-/// Before anything is timed, two one-off costs that would land on whichever
-/// run comes first: TCG backs guest memory on the host only at its first
-/// touch (so the guest's free memory is touched once and given back), and
-/// librdmacm discovers the devices once per process (done here through the
-/// doctor's rdma_cm check; ib_write_bw's clock also starts after its setup,
-/// and a hypervisor pays this once, not per migration). Measured: the first
-/// connect of a process 0.09-0.10 s, later ones 0.02-0.03 s.
-fn warm_up() {
-    let started = Instant::now();
-    let available = fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .unwrap_or(0)
-        * 1024;
-    // Room is left for the page cache and the processes that are running.
-    let len = available.saturating_sub(1 << 30);
-    populate_fresh(len);
-    let _ = rdmamig::doctor::diagnose(None);
-    progress(&format!(
-        "warmed up: {} MiB of guest memory touched, RDMA devices discovered ({:.1} s)",
-        len / MIB,
-        started.elapsed().as_secs_f64()
-    ));
-}
-
-/// Maps `len` bytes of fresh anonymous memory, has the kernel allocate
-/// (and zero) every page, as a destination's registrations of fresh guest
-/// RAM do, and unmaps it; returns how long the populating took.
-fn populate_fresh(len: u64) -> Duration {
-    if len == 0 {
-        return Duration::ZERO;
-    }
-    // SAFETY: a fresh private mapping, populated and unmapped here only.
-    unsafe {
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let p = libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-        if p == libc::MAP_FAILED {
-            return Duration::ZERO;
-        }
-        let started = Instant::now();
-        libc::madvise(p, len as usize, libc::MADV_POPULATE_WRITE);
-        let took = started.elapsed();
-        libc::munmap(p, len as usize);
-        took
-    }
-}
 
 fn run(args: &Args, dir: &Path) -> Vec<Row> {
-    warm_up();
+    let (touched, took) = common::warm_up();
+    progress(&format!(
+        "warmed up: {} MiB of guest memory touched, RDMA devices discovered ({:.1} s)",
+        touched / MIB,
+        took.as_secs_f64()
+    ));
     let mut rows = Vec::new();
     let dense = Content::dense(args.size_mib * MIB);
     let sparse = Content::sparse(args.sparse_mib * MIB);
@@ -956,7 +913,7 @@ fn run(args: &Args, dir: &Path) -> Vec<Row> {
     // What every destination pays and ib_write_bw (whose buffer is ready
     // before its clock starts) does not: the kernel allocating and zeroing
     // fresh guest RAM as it is registered.
-    let populate = populate_fresh(args.size_mib * MIB).as_secs_f64();
+    let populate = common::populate_fresh(args.size_mib * MIB).as_secs_f64();
     rows.push(
         Row::new(format!("populate {} MiB of fresh memory", args.size_mib), Some(populate), "s", &Ok(()))
             .unverified("-"),

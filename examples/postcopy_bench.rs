@@ -2,6 +2,10 @@
 //! fault service latency and background pull rate against perftest's RDMA
 //! READ anchors, in one RDMA guest boot.
 //!
+//! First a warm-up (`common::warm_up`, as in the dense benchmark): the
+//! guest's free memory touched once and freed, the RDMA devices discovered,
+//! so that neither one-off cost lands on the first run.
+//!
 //! 1. Anchors, server and client on this host's RDMA address, each pair just
 //!    before the runs it anchors (the host's load drifts):
 //!    `ib_read_lat -s 4096` (t_typical, 99 % percentile; busy-polling, as
@@ -539,6 +543,12 @@ fn quantile(v: &[u64], q: f64) -> Option<u64> {
 }
 
 fn run(args: &Args) -> Vec<Row> {
+    let (touched, took) = common::warm_up();
+    progress(&format!(
+        "warmed up: {} MiB of guest memory touched, RDMA devices discovered ({:.1} s)",
+        touched >> 20,
+        took.as_secs_f64()
+    ));
     let mut rows = Vec::new();
     let (lat_iters, bw_secs) = if args.quick { (2000, 2) } else { (10000, 5) };
 

@@ -21,6 +21,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export RXE_VM_MEM=${RXE_VM_MEM:-3G}
+# The host backs all guest RAM at boot, as bench.sh does: a page the host backs at
+# its first touch slowed whichever run came first in a boot.
+export RXE_VM_PREALLOC=${RXE_VM_PREALLOC:-1}
 
 echo "postcopy-bench: building (cargo build --release --features rdma-tests --example postcopy_bench)"
 cargo build --release --features rdma-tests --example postcopy_bench
