@@ -884,7 +884,6 @@ fn progress(what: &str) {
     eprintln!("bench: {what}");
 }
 
-
 fn run(args: &Args, dir: &Path) -> Vec<Row> {
     let (touched, took) = common::warm_up();
     progress(&format!(

@@ -776,8 +776,11 @@ const KILLED_DEST_LEN: u64 = 128 << 20;
 #[test]
 #[ignore = "child process of postcopy_destination_killed_fails_the_source_in_time"]
 fn postcopy_destination_child() {
-    if child_setting(DEST_CHILD_ENV).is_none() {
-        return;
+    let Some(setting) = child_setting(DEST_CHILD_ENV) else { return };
+    // "sever": its link is severed after the first page (test hook), so that
+    // it reconnects (post-copy recovery) until it is killed.
+    if setting.iter().any(|s| s == "sever") {
+        rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
     }
     let dst = GuestRam::new(KILLED_DEST_LEN, 0xAA);
     let (listener, port) = listen(&recovering());
@@ -801,15 +804,34 @@ fn postcopy_destination_child() {
 /// disconnect came) is not waited for.
 #[test]
 fn postcopy_destination_killed_fails_the_source_in_time() {
+    destination_killed(false);
+}
+
+/// As above, but the destination dies while the source waits for its
+/// recovery connection: its link was severed (test hook), the source's
+/// liveness noticed, and the source does not heed the destination's
+/// requests (test hook) so that it is still waiting at the kill. The
+/// disconnect of the lost link ends that wait, not the recovery time.
+#[test]
+fn postcopy_destination_killed_while_the_source_waits_for_recovery() {
+    destination_killed(true);
+}
+
+fn destination_killed(recovering_at_kill: bool) {
+    const SOURCE_LIVENESS: Duration = Duration::from_secs(2);
     let exe = ChildExe::copy();
     let src = GuestRam::new(KILLED_DEST_LEN, 0x5C);
-    let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_destination_child", DEST_CHILD_ENV, "1");
+    let setting = if recovering_at_kill { "sever" } else { "1" };
+    let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_destination_child", DEST_CHILD_ENV, setting);
     let report = peer.next(Duration::from_secs(60));
     let port: u16 = report.strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port report");
-    let source = Source::connect(&rdma_ip(), port, &recovering(), &one_block(&src, KILLED_DEST_LEN)).unwrap();
+    let config =
+        if recovering_at_kill { Config { liveness: Some(SOURCE_LIVENESS), ..recovering() } } else { recovering() };
+    let source = Source::connect(&rdma_ip(), port, &config, &one_block(&src, KILLED_DEST_LEN)).unwrap();
     source.iteration_begin().unwrap();
     source.save(0, 0, KILLED_DEST_LEN).unwrap();
     source.iteration_end().unwrap();
+    rdmamig::test_hooks::DEAF_TO_RECOVERY.store(recovering_at_kill, Ordering::Relaxed);
     let bitmap = vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize];
     let (tx, postcopy) = std::sync::mpsc::channel();
     thread::spawn(move || {
@@ -817,10 +839,18 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
         let _ = tx.send((Instant::now(), r, source));
     });
     peer.expect("running");
+    if recovering_at_kill {
+        // The source's liveness notices the severed link; it then waits for a recovery connection.
+        thread::sleep(SOURCE_LIVENESS + Duration::from_secs(1));
+        if let Ok((_, r, _)) = postcopy.try_recv() {
+            panic!("the source's postcopy returned before the kill: {r:?}");
+        }
+    }
     let killed = peer.kill();
-    let (returned, r, source) = postcopy
-        .recv_timeout(2 * LIVENESS)
-        .unwrap_or_else(|e| panic!("the source's postcopy still waits {:?} after the kill ({e})", 2 * LIVENESS));
+    let waited = postcopy.recv_timeout(2 * LIVENESS);
+    rdmamig::test_hooks::DEAF_TO_RECOVERY.store(false, Ordering::Relaxed);
+    let (returned, r, source) =
+        waited.unwrap_or_else(|e| panic!("the source's postcopy still waits {:?} after the kill ({e})", 2 * LIVENESS));
     let late = peer.rest();
     let err = match r {
         Ok(summary) => panic!("post-copy ended before the kill ({summary:?}; child: {late:?})"),
@@ -828,13 +858,15 @@ fn postcopy_destination_killed_fails_the_source_in_time() {
     };
     let reported = returned.saturating_duration_since(killed);
     assert!(reported <= LIVENESS, "the source's postcopy failed only {reported:?} after the kill: {err:?}");
+    assert!(err.message.contains("no recovery"), "{err}");
     let stats = source.stats();
     let closing = Instant::now();
     let closed = source.close();
     assert!(closed.is_err(), "close returned {closed:?} after the destination died in post-copy");
     assert!(closing.elapsed() <= LIVENESS, "close took {:?}", closing.elapsed());
+    let when = if recovering_at_kill { "while the source waited for recovery" } else { "in post-copy" };
     eprintln!(
-        "destination killed in post-copy: the source's postcopy failed {reported:?} after the kill: {:?}: {}; \
+        "destination killed {when}: the source's postcopy failed {reported:?} after the kill: {:?}: {}; \
          close: {closed:?}; pinned at the failure {} bytes",
         err.kind, err.message, stats.pinned_bytes
     );

@@ -21,7 +21,7 @@
 //! POSTCOPY_RESUME, answered by POSTCOPY_DONE.
 
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::setup::{Admit, Listener, Resume};
 use super::{Link, EVENT_POLL_INTERVAL, RESPONSE};
@@ -102,6 +102,14 @@ impl Link {
         self.fault_qp = None;
         self.lost
             .get_or_insert_with(|| Error::new(ErrorKind::Disconnected, "connection given up for a post-copy recovery"));
+    }
+
+    /// Source side, waiting for a recovery connection after `abandon`:
+    /// whether the peer's disconnect came on this link meanwhile (its
+    /// process ended; a recovering destination sends none).
+    pub fn closed_by_peer_since(&mut self) -> Result<bool> {
+        while self.take_event(Duration::ZERO)? {}
+        Ok(self.closed_by_peer)
     }
 
     /// Source side, with a request outstanding (`begin_request_by`): its

@@ -226,12 +226,7 @@ impl Recovery {
                 },
                 // A destination that recovers sends no disconnect (`Link::abandon`):
                 // this one is gone (its process ended), it is not waited for.
-                Err(lost) if link.closed_by_peer() => {
-                    return Err(Error::new(
-                        lost.kind,
-                        format!("{}; the destination closed it: no recovery", lost.message),
-                    ))
-                }
+                Err(lost) if link.closed_by_peer() => return Err(closed(&lost)),
                 Err(lost) if postcopy::recoverable(&lost) => self.take_back(link, lost)?,
                 Err(e) => return Err(e),
             };
@@ -252,8 +247,12 @@ impl Recovery {
         link.abandon();
         let deadline = Instant::now() + self.window;
         loop {
-            // In slices, so that the hypervisor's abort is seen.
+            // In slices, so that the hypervisor's abort is seen, and the
+            // destination's disconnect (it died meanwhile).
             link.check_stop("post-copy's recovery")?;
+            if link.closed_by_peer_since()? {
+                return Err(closed(&lost));
+            }
             let slice = (Instant::now() + ACCEPT_SLICE).min(deadline);
             let back = match heeded(&self.listener) {
                 Some(listener) => link.accept_recovery(listener, self.token, slice),
@@ -272,6 +271,11 @@ impl Recovery {
             }
         }
     }
+}
+
+/// The connection was `lost` with the destination's disconnect: no recovery.
+fn closed(lost: &Error) -> Error {
+    Error::new(lost.kind, format!("{}; the destination closed it: no recovery", lost.message))
 }
 
 /// The listener the source's waits watch: none while the test hook
