@@ -877,10 +877,21 @@ fn destination_killed(recovering_at_kill: bool) {
 /// which takes over a second on rxe (the tests that stop post-copy midway
 /// rely on that; a faster link would need a larger block).
 fn all_stale(src: &GuestRam, dst: &GuestRam) -> (Source, Destination, Vec<StalePages>) {
-    let config = Config::default();
-    let (source, dest) = connect(&one_block(src, KILLED_DEST_LEN), &config, one_block(dst, KILLED_DEST_LEN), &config);
+    all_stale_with(src, &Config::default(), dst, &Config::default())
+}
+
+/// As `all_stale`, each side with its config; the destination has taken the window.
+fn all_stale_with(
+    src: &GuestRam,
+    source_config: &Config,
+    dst: &GuestRam,
+    dest_config: &Config,
+) -> (Source, Destination, Vec<StalePages>) {
+    let (source, dest) =
+        connect(&one_block(src, KILLED_DEST_LEN), source_config, one_block(dst, KILLED_DEST_LEN), dest_config);
     source.iteration_begin().unwrap();
     source.iteration_end().unwrap();
+    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
     (source, dest, vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }])
 }
 
@@ -982,12 +993,7 @@ fn postcopy_recovery_wait_ends_at_the_sources_abort() {
     let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
     let recovering = Config { postcopy_recovery: Some(Duration::from_secs(60)), ..Config::default() };
     let source_config = Config { liveness: Some(LIVENESS), ..recovering.clone() };
-    let (source, dest) =
-        connect(&one_block(&src, KILLED_DEST_LEN), &source_config, one_block(&dst, KILLED_DEST_LEN), &recovering);
-    source.iteration_begin().unwrap();
-    source.iteration_end().unwrap();
-    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
-    let stale = vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }];
+    let (source, dest, stale) = all_stale_with(&src, &source_config, &dst, &recovering);
     rdmamig::test_hooks::DEAF_TO_RECOVERY.store(true, Ordering::Relaxed);
     rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
     let (err, returned) = thread::scope(|s| {
@@ -1038,12 +1044,7 @@ fn postcopy_reconnect_attempt_ends_at_the_destinations_abort() {
     // Without liveness the source never notices the loss: it keeps waiting
     // for POSTCOPY_DONE, deaf to its listener.
     let hung = Config { liveness: None, ..recovering.clone() };
-    let (source, dest) =
-        connect(&one_block(&src, KILLED_DEST_LEN), &hung, one_block(&dst, KILLED_DEST_LEN), &recovering);
-    source.iteration_begin().unwrap();
-    source.iteration_end().unwrap();
-    dest.wait_iteration(1, Some(Duration::from_secs(60))).unwrap();
-    let stale = vec![StalePages { block: 0, bitmap: vec![!0u64; (KILLED_DEST_LEN / PAGE / 64) as usize] }];
+    let (source, dest, stale) = all_stale_with(&src, &hung, &dst, &recovering);
     rdmamig::test_hooks::DEAF_TO_RECOVERY.store(true, Ordering::Relaxed);
     rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
     let (err, returned) = thread::scope(|s| {

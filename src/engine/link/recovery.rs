@@ -114,9 +114,9 @@ impl Link {
 
     /// Source side, with a request outstanding (`begin_request_by`): its
     /// response, handed to `f`, or `None` as soon as a connection request
-    /// waits on `listener`, if one is given (the destination's recovery connection, if it
-    /// holds the token: then the destination gave this connection up,
-    /// whether or not this side can tell yet).
+    /// waits on `listener`, if one is given (the destination's recovery
+    /// connection, if it holds the token: then the destination gave this
+    /// connection up, whether or not this side can tell yet).
     pub fn response_or_request<R>(
         &mut self,
         listener: Option<&Listener>,

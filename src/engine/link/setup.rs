@@ -530,9 +530,9 @@ fn ack_timeout_exponent(liveness: Duration) -> u8 {
     exponent
 }
 
-/// The next connection event, within `deadline`; `what` names the step for a timeout.
-/// The next connection event on `channel`, waiting until `deadline`, or
-/// until `stop` is set (looked at every [`EVENT_POLL_INTERVAL`]).
+/// The next connection event on `channel`, within `deadline` (`what` names
+/// the step for a timeout), unless `stop` is set (looked at every
+/// [`EVENT_POLL_INTERVAL`]).
 fn wait_event(
     channel: &EventChannel,
     deadline: Instant,
