@@ -22,6 +22,10 @@
  * inside a window, and the destination-only calls are all refused, and the
  * connection still works afterwards.
  *
+ * Both sides turn post-copy recovery on, and both see it negotiated
+ * (rdmamig_conn_negotiated_postcopy_recovery); no connection is lost, so the
+ * destination's progress counts no recovery.
+ *
  * Destination: waits for RDMAMIG_POSTCOPY_RUNNING, then VCPUS threads read
  * random pages (each must hold the source's final content) and write into
  * others (pages `p % 8 == 7`, each vCPU its own), as vCPUs would from the
@@ -58,6 +62,8 @@
 #define MAX_VCPUS 16
 #define SETUP_TIMEOUT_MS 60000
 #define WATCHDOG_S 300
+/* Post-copy recovery, on both sides: negotiated, and never needed here. */
+#define RECOVERY_MS 20000
 
 static int no_postcopy;
 
@@ -165,11 +171,16 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     memset(host, 0xAA, len);
     ram = registry(host, len);
     EXPECT(ram);
+    TRY(NULL, rdmamig_config_set_postcopy_recovery_ms(cfg, RECOVERY_MS));
     TRY(NULL, rdmamig_listener_new(rdma_ip(), 0, cfg, &listener));
     port = rdmamig_listener_port(listener);
     EXPECT(port != 0);
     EXPECT(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
     TRY(NULL, rdmamig_listener_accept(listener, ram, SETUP_TIMEOUT_MS, &conn));
+    bool recovery = false;
+    TRY(conn, rdmamig_conn_negotiated_postcopy_recovery(conn, &recovery));
+    EXPECT(recovery);
+    EXPECT_STATUS(rdmamig_conn_negotiated_postcopy_recovery(conn, NULL), RDMAMIG_ERR_NULL_PARAMETER);
 
     /* Before post-copy: idle, and the argument checks. */
     rdmamig_postcopy_progress p = {.size = sizeof p};
@@ -266,6 +277,7 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     started = 0;
     EXPECT(!bad);
     EXPECT(progress_ok(&end) && end.phase == RDMAMIG_POSTCOPY_DONE && end.pages_remaining == 0);
+    EXPECT(end.recoveries == 0);
     EXPECT(end.pages_total == stale);
     /* Whether a vCPU beat the background pull to a stale page (a fault served
      * with its own read) depends on scheduling: reported, not required here
@@ -340,10 +352,12 @@ static int source(unsigned mib, uint16_t port, int checked_fd) {
     ram = registry(host, len);
     EXPECT(ram);
     TRY(NULL, rdmamig_config_set_timeout_ms(cfg, SETUP_TIMEOUT_MS));
+    TRY(NULL, rdmamig_config_set_postcopy_recovery_ms(cfg, RECOVERY_MS));
     TRY(NULL, rdmamig_connect(rdma_ip(), port, cfg, ram, &conn));
-    bool extensions = false;
+    bool extensions = false, recovery = false;
     TRY(conn, rdmamig_conn_negotiated(conn, NULL, &extensions));
-    EXPECT(extensions);
+    TRY(conn, rdmamig_conn_negotiated_postcopy_recovery(conn, &recovery));
+    EXPECT(extensions && recovery);
 
     rdmamig_stale_pages entry = {.block = 0, .bitmap = bitmap, .bitmap_words = words};
     rdmamig_postcopy_summary summary = {0};

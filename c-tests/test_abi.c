@@ -203,6 +203,7 @@ static void test_migration_api_args(void) {
     CHECK(l == NULL && c == NULL); /* outputs are written only on success */
     CHECK_STATUS(rdmamig_conn_close(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_negotiated(NULL, &b, &b), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_negotiated_postcopy_recovery(NULL, &b), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_iteration_begin(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_save(NULL, 0, 0, 4096), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_iteration_end(NULL), RDMAMIG_ERR_NULL_PARAMETER);

@@ -412,7 +412,7 @@ typedef struct rdmamig_config rdmamig_config;
  * (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
  * `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
  * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
- * `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
+ * `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
  * `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
  * `rdmamig_conn_error_message`) may run at the same
  * time, from any threads. Every other function, and the callbacks of
@@ -1161,6 +1161,17 @@ rdmamig_status rdmamig_conn_close(struct rdmamig_conn *conn);
 rdmamig_status rdmamig_conn_negotiated(const struct rdmamig_conn *conn,
                                        bool *pin_all,
                                        bool *extensions);
+
+/**
+ * Whether post-copy recovery was negotiated when connecting: both sides
+ * set `rdmamig_config_set_postcopy_recovery_ms` (an rdmamig peer of 0.11
+ * or later; false with QEMU). Only then is a lost post-copy connection
+ * replaced; otherwise it fails post-copy at once. Since 0.11.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`.
+ */
+rdmamig_status rdmamig_conn_negotiated_postcopy_recovery(const struct rdmamig_conn *conn,
+                                                         bool *recovery_out);
 
 /**
  * Source: opens an iteration window (one precopy round): `rdmamig_conn_save`

@@ -31,7 +31,7 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// (`rdmamig_conn_save`, `rdmamig_conn_get`, `rdmamig_conn_wait_iteration`,
 /// `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
 /// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
-/// `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
+/// `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_get_stats`, `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
 /// `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
 /// `rdmamig_conn_error_message`) may run at the same
 /// time, from any threads. Every other function, and the callbacks of
@@ -218,6 +218,27 @@ pub extern "C" fn rdmamig_conn_negotiated(
             if let Some(e) = opt_out(extensions) {
                 *e = n.extensions;
             }
+            Ok(())
+        })
+    }
+}
+
+/// Whether post-copy recovery was negotiated when connecting: both sides
+/// set `rdmamig_config_set_postcopy_recovery_ms` (an rdmamig peer of 0.11
+/// or later; false with QEMU). Only then is a lost post-copy connection
+/// replaced; otherwise it fails post-copy at once. Since 0.11.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_negotiated_postcopy_recovery(
+    conn: *const rdmamig_conn,
+    recovery_out: *mut bool,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_negotiated_postcopy_recovery";
+        run(conn, F, |c| {
+            let out = out_ref(recovery_out, F, "recovery_out")?;
+            *out = c.negotiated(F)?.postcopy_recovery;
             Ok(())
         })
     }
@@ -671,6 +692,8 @@ mod tests {
         let n = null_mut();
         assert_eq!(rdmamig_conn_close(n), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_negotiated(n, null_mut(), null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        let mut on = true;
+        assert_eq!(rdmamig_conn_negotiated_postcopy_recovery(n, &mut on), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_iteration_begin(n), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_save(n, 0, 0, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_iteration_end(n), RDMAMIG_ERR_NULL_PARAMETER);
@@ -718,6 +741,9 @@ mod tests {
         assert_eq!(rdmamig_conn_close(conn), RDMAMIG_ERR_STATE);
         assert_eq!(rdmamig_conn_abort(conn), RDMAMIG_ERR_STATE);
         assert_eq!(rdmamig_conn_negotiated(conn, null_mut(), null_mut()), RDMAMIG_ERR_STATE);
+        let mut on = true;
+        assert_eq!(rdmamig_conn_negotiated_postcopy_recovery(conn, &mut on), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_negotiated_postcopy_recovery(conn, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_wait_end(conn, 1), RDMAMIG_ERR_STATE);
         rdmamig_conn_free(conn);
     }
