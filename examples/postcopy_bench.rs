@@ -87,7 +87,7 @@ const WAIT: Duration = Duration::from_secs(600);
 
 #[path = "common/mod.rs"]
 mod common;
-use common::perftest::{ip, perftest};
+use common::perftest::{better, ip, perftest};
 use common::{mix, Ram};
 
 type R<T> = Result<T, String>;
@@ -606,16 +606,10 @@ fn run(args: &Args) -> Vec<Row> {
     let (mut bw, mut bw4) = (None, None);
     if args.anchors {
         progress(&format!("anchors: ib_read_bw -s {PULL_BYTES} (default outstanding reads, then -o {PULL_DEPTH})"));
-        // Twice each, interleaved, the better kept: on a loaded host one
-        // run can lose much of its rate to the guest's vCPUs being preempted.
-        let best = |a: R<f64>, b: R<f64>| match (a, b) {
-            (Ok(a), Ok(b)) => Ok(a.max(b)),
-            (Ok(v), Err(_)) | (Err(_), Ok(v)) => Ok(v),
-            (Err(e), Err(_)) => Err(e),
-        };
+        // Twice each, interleaved, the better kept (`perftest::better`).
         let (default, depth) = (read_bw(bw_secs, None), read_bw(bw_secs, Some(PULL_DEPTH)));
-        let default = best(default, read_bw(bw_secs, None));
-        let depth = best(depth, read_bw(bw_secs, Some(PULL_DEPTH)));
+        let default = better(default, read_bw(bw_secs, None));
+        let depth = better(depth, read_bw(bw_secs, Some(PULL_DEPTH)));
         let names = [format!("ib_read_bw -s {PULL_BYTES}"), format!("ib_read_bw -s {PULL_BYTES} -o {PULL_DEPTH}")];
         for (name, b) in names.into_iter().zip([&default, &depth]) {
             let check = b.as_ref().map(drop).map_err(Clone::clone);
