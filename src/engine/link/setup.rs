@@ -326,10 +326,14 @@ impl Link {
             }
             let event = listener.next_event(left).map_err(|e| (e, refused.clone()))?;
             match Link::admit(listener, event, admit, ram_bytes, counters.clone()) {
-                // A recovery listener waits on past any request that fails: on
-                // rxe a request sent while the link was down arrives once it
-                // is back, after its sender gave it up (rdma_accept: EINVAL).
-                Err(e) if e.kind == ErrorKind::Auth || matches!(admit, Admit::Resume(_)) => {
+                // A recovery listener waits on past any request that fails
+                // (but not past the hypervisor's abort): on rxe a request sent
+                // while the link was down arrives once it is back, after its
+                // sender gave it up (rdma_accept: EINVAL).
+                Err(e)
+                    if e.kind == ErrorKind::Auth
+                        || matches!(admit, Admit::Resume(_)) && e.kind != ErrorKind::Aborted =>
+                {
                     logging::warn(format_args!("{}; still listening", e.message));
                     refused = Some((refused.map_or(0, |(n, _)| n) + 1, e));
                 }

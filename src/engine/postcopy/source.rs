@@ -267,6 +267,7 @@ impl Recovery {
                     return Ok(back);
                 }
                 Err(e) if e.kind == ErrorKind::Timeout && slice < deadline => {}
+                Err(e) if e.kind == ErrorKind::Aborted => return Err(e),
                 Err(e) => return Err(Error::new(lost.kind, format!("{}; no recovery: {}", lost.message, e.message))),
             }
         }
