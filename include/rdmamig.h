@@ -414,7 +414,8 @@ typedef struct rdmamig_config rdmamig_config;
  * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end`,
  * `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
  * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
- * `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_get_stats`,
+ * `rdmamig_conn_negotiated_postcopy_recovery`,
+ * `rdmamig_conn_negotiated_authenticated`, `rdmamig_conn_get_stats`,
  * `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
  * `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
  * `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_error_message`) may run at
@@ -946,6 +947,19 @@ rdmamig_status rdmamig_config_set_extensions(struct rdmamig_config *config, bool
 rdmamig_status rdmamig_config_set_timeout_ms(struct rdmamig_config *config, uint32_t timeout_ms);
 
 /**
+ * Destination: how long one connection request may take, in
+ * milliseconds, from the request to an admitted source (the connection
+ * established and, with a key, the source's proof checked); at most the
+ * timeout (`rdmamig_config_set_timeout_ms`). A peer that connects and stays
+ * silent is dropped then. Meanwhile `rdmamig_listener_accept` goes on
+ * taking other requests (several handshakes may run at once), so such a
+ * peer cannot hold up the real source. Default 5000. 0 gives
+ * `RDMAMIG_ERR_INVALID_ARGUMENT` and leaves the config unchanged. Since 0.12.
+ */
+rdmamig_status rdmamig_config_set_handshake_timeout_ms(struct rdmamig_config *config,
+                                                       uint32_t timeout_ms);
+
+/**
  * Liveness, in milliseconds: a peer that stops answering (host down, link
  * down, process frozen with its NIC gone) is declared gone within this time
  * on both sides, even with no connection event and no call waiting; every
@@ -1175,6 +1189,18 @@ rdmamig_status rdmamig_conn_negotiated(const struct rdmamig_conn *conn,
  */
 rdmamig_status rdmamig_conn_negotiated_postcopy_recovery(const struct rdmamig_conn *conn,
                                                          bool *recovery_out);
+
+/**
+ * Whether the peer was authenticated when connecting: both sides set the
+ * same key (`rdmamig_config_set_auth_key`) and each proved it to the other
+ * for this connection, so every control message after the handshake
+ * carries a tag the peer checks. False with QEMU and without a key. Since
+ * 0.12.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`.
+ */
+rdmamig_status rdmamig_conn_negotiated_authenticated(const struct rdmamig_conn *conn,
+                                                     bool *authenticated_out);
 
 /**
  * Source: opens an iteration window (one precopy round): `rdmamig_conn_save`

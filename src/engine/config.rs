@@ -6,6 +6,9 @@ use super::auth::{AuthKey, SourcePrefix};
 
 /// The default of [`Config::liveness`].
 pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
+/// The default `Config::handshake_timeout`: QEMU's own source gives its
+/// return-path connection 5 s.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Settings for one side of a migration connection. Plain data: copy freely
 /// (a key is wiped when its last copy drops, and `Debug` never shows it).
@@ -27,6 +30,12 @@ pub struct Config {
     /// source's next message has none (the source may pause between rounds):
     /// `liveness` covers it.
     pub timeout: Duration,
+    /// Destination: how long one connection request may take from the
+    /// request to an admitted source (the connection established and, with a
+    /// key, the source's proof in), at most `timeout`. A peer that connects
+    /// and stays silent is dropped then; meanwhile the listener goes on
+    /// taking other requests, so it cannot hold up the real source.
+    pub handshake_timeout: Duration,
     /// A peer that stops answering is declared gone within this time, even
     /// with no connection event and no call waiting (`None`: never, as QEMU).
     /// While the connection is idle, each side sends a zero-length RDMA WRITE
@@ -97,6 +106,7 @@ impl Default for Config {
             extensions: true,
             protocol_version: 1,
             timeout: Duration::from_secs(30),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             liveness: Some(DEFAULT_LIVENESS),
             pin_budget: None,
             unregister_worker: true,

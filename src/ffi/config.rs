@@ -121,6 +121,31 @@ pub extern "C" fn rdmamig_config_set_timeout_ms(config: *mut rdmamig_config, tim
     }
 }
 
+/// Destination: how long one connection request may take, in
+/// milliseconds, from the request to an admitted source (the connection
+/// established and, with a key, the source's proof checked); at most the
+/// timeout (`rdmamig_config_set_timeout_ms`). A peer that connects and stays
+/// silent is dropped then. Meanwhile `rdmamig_listener_accept` goes on
+/// taking other requests (several handshakes may run at once), so such a
+/// peer cannot hold up the real source. Default 5000. 0 gives
+/// `RDMAMIG_ERR_INVALID_ARGUMENT` and leaves the config unchanged. Since 0.12.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_handshake_timeout_ms(
+    config: *mut rdmamig_config,
+    timeout_ms: u32,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_config_set_handshake_timeout_ms";
+        set(config, F, |c| {
+            if timeout_ms == 0 {
+                return Err(Failure::invalid(format!("{F}: timeout_ms is 0")));
+            }
+            c.handshake_timeout = Duration::from_millis(u64::from(timeout_ms));
+            Ok(())
+        })
+    }
+}
+
 /// Liveness, in milliseconds: a peer that stops answering (host down, link
 /// down, process frozen with its NIC gone) is declared gone within this time
 /// on both sides, even with no connection event and no call waiting; every
@@ -326,6 +351,8 @@ mod tests {
         assert_eq!(rdmamig_config_set_protocol_version(c, 7), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_timeout_ms(c, 1500), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
+        assert_eq!(rdmamig_config_set_handshake_timeout_ms(c, 2000), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_handshake_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
         assert_eq!(rdmamig_config_set_liveness_ms(c, 2500), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_pin_budget(c, 64 << 20), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_unregister_worker(c, false), RDMAMIG_OK);
@@ -341,6 +368,7 @@ mod tests {
                 extensions: false,
                 protocol_version: 7,
                 timeout: Duration::from_millis(1500),
+                handshake_timeout: Duration::from_secs(2),
                 liveness: Some(Duration::from_millis(2500)),
                 pin_budget: Some(64 << 20),
                 unregister_worker: false,

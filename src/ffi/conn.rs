@@ -33,7 +33,8 @@ use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistr
 /// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end`,
 /// `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
 /// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
-/// `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_get_stats`,
+/// `rdmamig_conn_negotiated_postcopy_recovery`,
+/// `rdmamig_conn_negotiated_authenticated`, `rdmamig_conn_get_stats`,
 /// `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
 /// `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
 /// `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_error_message`) may run at
@@ -242,6 +243,28 @@ pub extern "C" fn rdmamig_conn_negotiated_postcopy_recovery(
         run(conn, F, |c| {
             let out = out_ref(recovery_out, F, "recovery_out")?;
             *out = c.negotiated(F)?.postcopy_recovery;
+            Ok(())
+        })
+    }
+}
+
+/// Whether the peer was authenticated when connecting: both sides set the
+/// same key (`rdmamig_config_set_auth_key`) and each proved it to the other
+/// for this connection, so every control message after the handshake
+/// carries a tag the peer checks. False with QEMU and without a key. Since
+/// 0.12.
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_negotiated_authenticated(
+    conn: *const rdmamig_conn,
+    authenticated_out: *mut bool,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_negotiated_authenticated";
+        run(conn, F, |c| {
+            let out = out_ref(authenticated_out, F, "authenticated_out")?;
+            *out = c.negotiated(F)?.authenticated;
             Ok(())
         })
     }
@@ -697,6 +720,7 @@ mod tests {
         assert_eq!(rdmamig_conn_negotiated(n, null_mut(), null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
         let mut on = true;
         assert_eq!(rdmamig_conn_negotiated_postcopy_recovery(n, &mut on), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_negotiated_authenticated(n, &mut on), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_iteration_begin(n), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_save(n, 0, 0, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_iteration_end(n), RDMAMIG_ERR_NULL_PARAMETER);
@@ -747,6 +771,8 @@ mod tests {
         let mut on = true;
         assert_eq!(rdmamig_conn_negotiated_postcopy_recovery(conn, &mut on), RDMAMIG_ERR_STATE);
         assert_eq!(rdmamig_conn_negotiated_postcopy_recovery(conn, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_conn_negotiated_authenticated(conn, &mut on), RDMAMIG_ERR_STATE);
+        assert_eq!(rdmamig_conn_negotiated_authenticated(conn, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_wait_end(conn, 1), RDMAMIG_ERR_STATE);
         rdmamig_conn_free(conn);
     }

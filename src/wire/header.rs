@@ -3,7 +3,7 @@
 use super::error::DecodeError;
 use super::{
     be32, AUTH_NONCE_LEN, AUTH_PROOF_LEN, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_RESUME, CONTROL_HEADER_LEN,
-    PROTOCOL_VERSION, RECOVERY_TOKEN_LEN,
+    PROTOCOL_VERSION, RECOVERY_TAG_LEN,
 };
 
 /// Capabilities exchanged as rdma_cm private data: `{version, flags}`, both
@@ -55,46 +55,47 @@ impl Capabilities {
     }
 }
 
-/// A connect request's private data: the capabilities, then (rdmamig
-/// extension, when they offer `CAP_RDMAMIG_AUTH`) the authentication nonce
-/// in the next 32 bytes, then (when they offer `CAP_RDMAMIG_RESUME`, a
-/// destination's post-copy recovery connection) the source's recovery token
-/// in the next 16: at most 56 bytes, all rdma_cm carries in a request. A QEMU
-/// destination reads only the first 8 bytes.
+/// A connect request's private data: the capabilities, then a 32-byte nonce
+/// when they offer `CAP_RDMAMIG_AUTH` (rdmamig extension: peer
+/// authentication) or `CAP_RDMAMIG_RESUME` (a destination's post-copy
+/// recovery connection), then, for the latter, the recovery request's
+/// 16-byte tag (its proof of the source's recovery token, see
+/// `engine::auth::recovery_tag`): at most 56 bytes, all rdma_cm carries in a
+/// request. A QEMU destination reads only the first 8 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectData {
     pub caps: Capabilities,
     pub nonce: Option<[u8; AUTH_NONCE_LEN]>,
-    pub token: Option<[u8; RECOVERY_TOKEN_LEN]>,
+    pub recovery_tag: Option<[u8; RECOVERY_TAG_LEN]>,
 }
 
 impl ConnectData {
-    /// The encoded bytes (8, 40 with a nonce, 16 more with a token).
+    /// The encoded bytes (8, 40 with a nonce, 16 more with a recovery tag).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = self.caps.encode().to_vec();
         out.extend(self.nonce.iter().flatten());
-        out.extend(self.token.iter().flatten());
+        out.extend(self.recovery_tag.iter().flatten());
         out
     }
 
-    /// The capabilities, the nonce if they offer `CAP_RDMAMIG_AUTH` and the
-    /// token if they offer `CAP_RDMAMIG_RESUME` (then the buffer must hold
-    /// them). Longer buffers are accepted (rdma_cm pads the private data).
+    /// The capabilities, the nonce if they offer `CAP_RDMAMIG_AUTH` or
+    /// `CAP_RDMAMIG_RESUME` and the recovery tag if they offer the latter
+    /// (then the buffer must hold them). Longer buffers are accepted (rdma_cm
+    /// pads the private data).
     pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
         let caps = Capabilities::decode(buf)?;
-        let mut at = Capabilities::LEN;
-        let nonce = if caps.flags & CAP_RDMAMIG_AUTH != 0 {
-            at += AUTH_NONCE_LEN;
-            Some(array(buf, Capabilities::LEN, "authentication nonce (connect private data)")?)
+        let resume = caps.flags & CAP_RDMAMIG_RESUME != 0;
+        let nonce = if resume || caps.flags & CAP_RDMAMIG_AUTH != 0 {
+            Some(array(buf, Capabilities::LEN, "nonce (connect private data)")?)
         } else {
             None
         };
-        let token = if caps.flags & CAP_RDMAMIG_RESUME != 0 {
-            Some(array(buf, at, "recovery token (connect private data)")?)
+        let recovery_tag = if resume {
+            Some(array(buf, Capabilities::LEN + AUTH_NONCE_LEN, "recovery tag (connect private data)")?)
         } else {
             None
         };
-        Ok(ConnectData { caps, nonce, token })
+        Ok(ConnectData { caps, nonce, recovery_tag })
     }
 }
 

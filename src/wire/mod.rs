@@ -84,8 +84,10 @@ pub const CAP_RDMAMIG_EXT: u32 = 0x8000_0000;
 pub const CAP_RDMAMIG_AUTH: u32 = 0x4000_0000;
 /// Capability (rdmamig extension, only with [`CAP_RDMAMIG_EXT`]): set by a
 /// destination that reconnects to its source's recovery listener after the
-/// post-copy link was lost; a [`RECOVERY_TOKEN_LEN`]-byte token follows the
-/// nonce ([`ConnectData`]), the one the source sent in POSTCOPY_RECOVERY.
+/// post-copy link was lost; a nonce and a [`RECOVERY_TAG_LEN`]-byte tag
+/// follow the capabilities ([`ConnectData`]): the proof that the request
+/// knows the recovery token (the one the source sent in POSTCOPY_RECOVERY)
+/// and, with a pre-shared key, the lost connection's session key.
 /// The source's recovery listener grants it; a destination's listener never
 /// does (it masks it away).
 pub const CAP_RDMAMIG_RESUME: u32 = 0x2000_0000;
@@ -100,6 +102,11 @@ pub const KNOWN_CAPS: u32 =
     CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME | CAP_RDMAMIG_RECOVERY;
 /// Size of a post-copy recovery token.
 pub const RECOVERY_TOKEN_LEN: usize = 16;
+/// Size of a recovery connection request's tag ([`ConnectData`]).
+pub const RECOVERY_TAG_LEN: usize = 16;
+/// Size of the tag after each control message of an authenticated
+/// connection (rdmamig extension: a truncated HMAC-SHA-256).
+pub const CONTROL_TAG_LEN: usize = 16;
 /// Size of an authentication nonce.
 pub const AUTH_NONCE_LEN: usize = 32;
 /// Size of an authentication proof (an HMAC-SHA-256 tag).

@@ -841,7 +841,7 @@ fn accept_data_carries_the_pin_budget() {
 #[test]
 fn authentication_nonces_and_proofs_follow_the_capabilities() {
     let caps = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH);
-    let c = ConnectData { caps, nonce: Some([0x11; AUTH_NONCE_LEN]), token: None };
+    let c = ConnectData { caps, nonce: Some([0x11; AUTH_NONCE_LEN]), recovery_tag: None };
     let bytes = c.encode();
     assert_eq!(bytes.len(), 40);
     assert_eq!(&bytes[..8], &[0, 0, 0, 1, 0xC0, 0, 0, 0]);
@@ -850,20 +850,24 @@ fn authentication_nonces_and_proofs_follow_the_capabilities() {
     assert_eq!(ConnectData::decode(&padded), Ok(c));
     assert!(ConnectData::decode(&bytes[..39]).is_err(), "the flag promises a nonce");
     let plain = Capabilities::v1(CAP_RDMAMIG_EXT);
-    assert_eq!(ConnectData::decode(&plain.encode()), Ok(ConnectData { caps: plain, nonce: None, token: None }));
+    assert_eq!(ConnectData::decode(&plain.encode()), Ok(ConnectData { caps: plain, nonce: None, recovery_tag: None }));
 
-    // A recovery connection's request: the token after the nonce, 56 bytes in all (rdma_cm's most).
-    let resume = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME);
-    let r = ConnectData { caps: resume, nonce: Some([0x11; AUTH_NONCE_LEN]), token: Some([0x44; RECOVERY_TOKEN_LEN]) };
-    let bytes = r.encode();
-    assert_eq!(bytes.len(), 56);
-    assert_eq!(&bytes[40..], &[0x44; 16]);
-    assert_eq!(ConnectData::decode(&bytes), Ok(r));
-    assert!(ConnectData::decode(&bytes[..55]).is_err(), "the flag promises a token");
-    let resume = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_RESUME);
-    let r = ConnectData { caps: resume, nonce: None, token: Some([0x44; RECOVERY_TOKEN_LEN]) };
-    assert_eq!(r.encode().len(), 24);
-    assert_eq!(ConnectData::decode(&r.encode()), Ok(r));
+    // A recovery connection's request: a nonce and the tag, 56 bytes in all
+    // (rdma_cm's most), with or without authentication.
+    for flags in [CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME, CAP_RDMAMIG_EXT | CAP_RDMAMIG_RESUME] {
+        let resume = Capabilities::v1(flags);
+        let r = ConnectData {
+            caps: resume,
+            nonce: Some([0x11; AUTH_NONCE_LEN]),
+            recovery_tag: Some([0x44; RECOVERY_TAG_LEN]),
+        };
+        let bytes = r.encode();
+        assert_eq!(bytes.len(), 56);
+        assert_eq!(&bytes[40..], &[0x44; 16]);
+        assert_eq!(ConnectData::decode(&bytes), Ok(r));
+        assert!(ConnectData::decode(&bytes[..55]).is_err(), "the flag promises a tag");
+        assert!(ConnectData::decode(&bytes[..39]).is_err(), "the flag promises a nonce");
+    }
 
     let challenge = AuthChallenge { nonce: [0x22; AUTH_NONCE_LEN], proof: [0x33; AUTH_PROOF_LEN] };
     let a = AcceptData { caps, pin_budget: None, auth: Some(challenge) };

@@ -1,13 +1,15 @@
 //! Peer authentication on a connected link (see `engine::auth` for the
 //! proofs): the source checks the destination's proof from the accept and
 //! sends its own as its first message; the destination checks it before
-//! anything else happens on the connection.
+//! anything else happens on the connection. Then both sides tag every
+//! control message (`seal`).
 
 use std::time::Instant;
 
+use super::seal::Seal;
 use super::{protocol_error, Link};
-use crate::engine::auth::{AuthKey, Nonce, Role, Transcript};
-use crate::wire::{AcceptData, AuthProof, Capabilities, CommandType};
+use crate::engine::auth::{AuthKey, Proof, Role, Transcript};
+use crate::wire::{AuthProof, CommandType};
 use crate::{Error, ErrorKind, Result};
 
 pub(super) fn auth_error(message: String) -> Error {
@@ -15,49 +17,55 @@ pub(super) fn auth_error(message: String) -> Error {
 }
 
 impl Link {
-    /// Source side, once connected with a key: checks the destination's
-    /// proof (it must have granted authentication), then sends its own (AUTH).
-    pub(super) fn authenticate(
-        &mut self,
-        key: &AuthKey,
-        caps: Capabilities,
-        nonce: Nonce,
-        accepted: &AcceptData,
-    ) -> Result<()> {
-        let Some(challenge) = accepted.auth.filter(|_| self.negotiated.authenticated) else {
+    /// Connecting side, once connected with a key: checks the accepting
+    /// side's proof, then sends its own (AUTH).
+    pub(super) fn authenticate(&mut self, key: &AuthKey, t: &Transcript, proof: &Proof) -> Result<()> {
+        if !key.verify(Role::Destination, t, proof) {
             return Err(auth_error(
-                "the destination does not authenticate (it did not grant the authentication capability)".into(),
+                "the destination failed to prove the pre-shared key for this connection (the keys differ, a host \
+                 in between relays the connection, or the peer runs rdmamig older than 0.12)"
+                    .into(),
             ));
-        };
-        let transcript = Transcript {
-            version: caps.version,
-            offered: caps.flags,
-            granted: accepted.caps.flags,
-            source_nonce: nonce,
-            destination_nonce: challenge.nonce,
-        };
-        if !key.verify(Role::Destination, &transcript, &challenge.proof) {
-            return Err(auth_error("the destination failed to prove the pre-shared key (the keys differ?)".into()));
         }
-        let proof = AuthProof { tag: key.prove(Role::Source, &transcript) };
-        self.post_message(CommandType::Auth, |w| w.push(&proof))
+        let proof = AuthProof { tag: key.prove(Role::Source, t) };
+        self.post_message(CommandType::Auth, |w| w.push(&proof))?;
+        self.seal_with(key, t, Role::Source);
+        Ok(())
     }
 
-    /// Destination side: the source's first message must be AUTH with its
-    /// proof, within the config's timeout. Anything else refuses the source
+    /// Accepting side: the connecting side's first message must be AUTH
+    /// with its proof, by `deadline`. Anything else refuses it
     /// (`ErrorKind::Auth`) before any guest memory is registered.
-    pub(super) fn check_source_proof(&mut self, key: &AuthKey, t: &Transcript, from: &str) -> Result<()> {
-        let deadline = Some(Instant::now() + self.timeout);
-        let proof = self.receive_by(deadline, |m| match m.kind {
+    pub(super) fn check_source_proof(
+        &mut self,
+        key: &AuthKey,
+        t: &Transcript,
+        from: &str,
+        deadline: Instant,
+    ) -> Result<()> {
+        let proof = self.receive_by(Some(deadline), |m| match m.kind {
             CommandType::Auth => m.collect_entries::<AuthProof>().map_err(protocol_error).map(|p| p[0]),
             other => Err(Error::new(ErrorKind::Protocol, format!("expected AUTH, got {other:?}"))),
         });
         let refused = match proof {
-            Ok(p) if key.verify(Role::Source, t, &p.tag) => return Ok(()),
-            Ok(_) => format!("the source from {from} failed to prove the pre-shared key"),
+            Ok(p) if key.verify(Role::Source, t, &p.tag) => {
+                self.seal_with(key, t, Role::Destination);
+                return Ok(());
+            }
+            Ok(_) => format!(
+                "the source from {from} failed to prove the pre-shared key for this connection (the keys differ, a \
+                 host in between relays the connection, or the peer runs rdmamig older than 0.12)"
+            ),
             Err(e) => format!("the source from {from} did not authenticate: {}", e.message),
         };
         self.send_error();
         Err(auth_error(refused))
+    }
+
+    /// From here on, control messages are tagged under the handshake's session.
+    fn seal_with(&mut self, key: &AuthKey, t: &Transcript, role: Role) {
+        let session = key.session(t);
+        self.seal = Some(Seal::new(&session, role));
+        self.session = Some(session);
     }
 }

@@ -15,18 +15,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine::auth::Session;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
     Sge, VerbsError, WorkCompletion, WriteList,
 };
-use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE};
+use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE, CONTROL_TAG_LEN};
 use crate::{Error, ErrorKind, Result};
+use seal::Seal;
 
 mod auth;
 mod fault_qp;
 mod recovery;
+mod seal;
 mod setup;
 
 pub use setup::{Listener, Negotiated};
@@ -163,6 +166,11 @@ pub(crate) struct Link {
     reads_done: Vec<u64>,
     /// Post-copy's second QP, for fault reads (`fault_qp`), on `pd` and `cq`.
     fault_qp: Option<Arc<QueuePair>>,
+    /// The keys of an authenticated handshake (`auth`): a recovery
+    /// connection that replaces this one proves itself with them.
+    session: Option<Session>,
+    /// Once authenticated, every control message carries a tag (`seal`).
+    seal: Option<Seal>,
 }
 
 impl Link {
@@ -224,6 +232,8 @@ impl Link {
             closed_by_peer: false,
             reads_done: Vec::new(),
             fault_qp: None,
+            session: None,
+            seal: None,
         })
     }
 
@@ -440,9 +450,16 @@ impl Link {
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
         self.wait_until("a control SEND to complete", deadline, |l| l.send_done)?;
-        let mut writer = MessageWriter::new(&mut self.send.mem.0, kind);
+        // A tagged message leaves room for its tag.
+        let room = CONTROL_BUFFER_SIZE - if self.seal.is_some() { CONTROL_TAG_LEN } else { 0 };
+        let mut writer = MessageWriter::new(&mut self.send.mem.0[..room], kind);
         build(&mut writer).map_err(encode_error)?;
-        let len = writer.finish();
+        let mut len = writer.finish();
+        if let Some(seal) = &mut self.seal {
+            let tag = seal.tag(&self.send.mem.0[..len]);
+            self.send.mem.0[len..len + CONTROL_TAG_LEN].copy_from_slice(&tag);
+            len += CONTROL_TAG_LEN;
+        }
         let sge = self.send.sge(len);
         self.send_done = false;
         self.flush_writes()?;
@@ -467,8 +484,11 @@ impl Link {
     fn take<R>(&mut self, slot: usize, deadline: Option<Instant>, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
         self.wait_until("a control message from the peer", deadline, |l| l.received[slot].is_some())?;
         let len = self.received[slot].take().unwrap_or(0) as usize;
-        let bytes =
+        let mut bytes =
             self.recv[slot].mem.0.get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
+        if let Some(seal) = &mut self.seal {
+            bytes = seal.open(bytes)?;
+        }
         let message = wire::decode_message(bytes).map_err(protocol_error)?;
         if message.kind == CommandType::Error {
             return Err(Error::new(ErrorKind::PeerError, "the peer aborted the migration (ERROR message)"));

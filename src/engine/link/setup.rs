@@ -5,12 +5,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::auth::auth_error;
 use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
-use crate::engine::auth::{self, Role, Transcript};
+use crate::engine::auth::{self, Endpoints, Nonce, Role, Transcript};
 use crate::engine::logging;
 use crate::engine::pin;
 use crate::engine::stats::Counters;
@@ -18,10 +20,9 @@ use crate::engine::Config;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
 use crate::wire::{
     AcceptData, AuthChallenge, Capabilities, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
-    CAP_RDMAMIG_RECOVERY, CAP_RDMAMIG_RESUME, RECOVERY_TOKEN_LEN,
+    CAP_RDMAMIG_RECOVERY, CAP_RDMAMIG_RESUME, RECOVERY_TAG_LEN, RECOVERY_TOKEN_LEN,
 };
 use crate::{Error, ErrorKind, Result};
-use subtle::ConstantTimeEq;
 
 /// QEMU's bound for address and route resolution; the config's timeout may shorten it.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,18 +38,38 @@ pub(super) enum Admit<'a> {
     Resume(&'a Resume<'a>),
 }
 
-/// A post-copy recovery connection (see `recovery`): the token it carries,
-/// and the link it replaces, whose protection domain (the registrations
-/// post-copy reads and reads into) it is made on.
+/// A post-copy recovery connection (see `recovery`): the token its request
+/// proves, and the link it replaces, whose protection domain (the
+/// registrations post-copy reads and reads into) it is made on.
 pub(super) struct Resume<'a> {
     pub token: [u8; RECOVERY_TOKEN_LEN],
     pub old: &'a Link,
 }
 
-/// Whether two tokens are equal, in a time that does not depend on where
-/// they differ (`subtle`, the constant-time comparison `hmac` uses).
-fn same_token(a: &[u8; RECOVERY_TOKEN_LEN], b: &[u8; RECOVERY_TOKEN_LEN]) -> bool {
-    a.ct_eq(b).into()
+impl Resume<'_> {
+    /// The tag of a recovery request with `nonce` from `from`: under the
+    /// lost connection's session key when it was authenticated, else
+    /// under the token.
+    pub fn tag(&self, nonce: &Nonce, from: Option<IpAddr>) -> [u8; RECOVERY_TAG_LEN] {
+        let key = self.old.session.as_ref().map_or(&self.token[..], |s| s.recovery_key());
+        auth::recovery_tag(key, &self.token, nonce, from)
+    }
+
+    /// Whether `request` from `peer` is the destination's recovery: from
+    /// the address the lost connection had, with the tag due.
+    fn check(&self, request: &ConnectData, peer: Option<SocketAddr>) -> std::result::Result<(), String> {
+        let ip = |a: Option<SocketAddr>| a.map(|a| a.ip().to_canonical());
+        if ip(peer) != ip(self.old.peer_addr()) {
+            return Err(format!(
+                "a recovery request must come from the lost connection's destination, {}",
+                self.old.peer_addr().map_or_else(|| "an address that is not IP".into(), |a| a.ip().to_string())
+            ));
+        }
+        match (request.nonce, request.recovery_tag) {
+            (Some(nonce), Some(tag)) if auth::same_bytes(&tag, &self.tag(&nonce, peer.map(|a| a.ip()))) => Ok(()),
+            _ => Err("not the destination's post-copy recovery (no or a wrong proof of the token)".into()),
+        }
+    }
 }
 
 /// Requests refused while waiting: how many, and the last refusal.
@@ -140,7 +161,7 @@ impl Link {
     }
 
     /// As [`connect`](Self::connect); with `resume`, a destination's
-    /// recovery connection to its source (it reads, and it presents the token).
+    /// recovery connection to its source (it reads, and it proves the token).
     pub(super) fn connect_to(
         host: &str,
         port: u16,
@@ -184,10 +205,11 @@ impl Link {
         link.post_recv(INCOMING)?;
         let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
         let caps = Capabilities { version: config.protocol_version, flags: offered.flags() | resume_flag };
-        let nonce = config.auth_key.as_ref().map(|_| auth::nonce()).transpose()?;
-        let token = resume.map(|r| r.token);
+        let nonce = if config.auth_key.is_some() || resume.is_some() { Some(auth::nonce()?) } else { None };
+        let endpoints = Endpoints { source: link.id.local_addr().map(|a| a.ip()), destination: link.id.peer_addr() };
+        let recovery_tag = resume.zip(nonce).map(|(r, n)| r.tag(&n, endpoints.source));
         link.id.connect(&ConnParam {
-            private_data: &ConnectData { caps, nonce, token }.encode(),
+            private_data: &ConnectData { caps, nonce, recovery_tag }.encode(),
             // The device's most (librdmacm's RDMA_MAX_RESP_RES): an rdmamig
             // destination reads this side's RAM in post-copy; QEMU never does.
             // A recovery connection is that destination: it reads, and is not read.
@@ -222,8 +244,24 @@ impl Link {
                 if link.negotiated.extensions {
                     link.peer_pin_budget = accepted.pin_budget;
                 }
-                if let (Some(key), Some(nonce)) = (&config.auth_key, nonce) {
-                    link.authenticate(key, caps, nonce, &accepted)?;
+                if let (Some(key), Some(source_nonce)) = (&config.auth_key, nonce) {
+                    let Some(challenge) = accepted.auth.filter(|_| link.negotiated.authenticated) else {
+                        return Err(auth_error(
+                            "the destination does not authenticate (it did not grant the authentication capability)"
+                                .into(),
+                        ));
+                    };
+                    let transcript = Transcript {
+                        version: caps.version,
+                        offered: caps.flags,
+                        granted: reply.flags,
+                        source_nonce,
+                        destination_nonce: challenge.nonce,
+                        pin_budget: accepted.pin_budget.unwrap_or(0),
+                        recovery_tag,
+                        endpoints,
+                    };
+                    link.authenticate(key, &transcript, &challenge.proof)?;
                 }
                 Ok(link)
             }
@@ -258,9 +296,11 @@ impl Link {
     }
 
     /// Destination side: accept a connection request from `listener`, for
-    /// `ram_bytes` of guest RAM. Requests refused by the allow-list or by
-    /// authentication are rejected and the wait goes on; if the time runs out
-    /// after refusals, the error says what was refused.
+    /// `ram_bytes` of guest RAM. A request that fails a check (allow-list,
+    /// version, authentication, a handshake that does not finish within
+    /// `Config::handshake_timeout`) is refused and the wait goes on; several
+    /// handshakes may run at once. If the time runs out after refusals, the
+    /// error (of the last refusal's kind) says what was refused.
     pub fn accept(
         listener: &Listener,
         ram_bytes: u64,
@@ -269,7 +309,7 @@ impl Link {
     ) -> Result<Link> {
         Link::accept_from(listener, &Admit::Any, ram_bytes, counters, timeout).map_err(|(e, refused)| match refused {
             Some((n, last)) if e.kind == ErrorKind::Timeout => {
-                auth_error(format!("no source was admitted ({n} refused; the last: {})", last.message))
+                Error::new(last.kind, format!("no source was admitted ({n} refused; the last: {})", last.message))
             }
             _ => e,
         })
@@ -306,8 +346,15 @@ impl Link {
         Ok(link)
     }
 
-    /// Accepts the first request `admit` takes. Fails with the error and,
-    /// when requests were refused meanwhile, their count and the last refusal.
+    /// Accepts the first request `admit` takes, refusing (and logging) the
+    /// others. Fails with the error and, when requests were refused
+    /// meanwhile, their count and the last refusal.
+    ///
+    /// A first connection's handshakes (`Admit::Any`, waiting) run on
+    /// threads of their own, so that a peer that connects and stays silent
+    /// holds up nobody; the first to finish is the one taken, the others
+    /// are given up. A return path or a recovery is the one request
+    /// expected, handled here.
     pub(super) fn accept_from(
         listener: &Listener,
         admit: &Admit,
@@ -318,40 +365,108 @@ impl Link {
         let deadline = timeout.map(|t| Instant::now() + t);
         // Only a caller's zero means "do not wait"; a deadline that ran out is a timeout.
         let no_wait = timeout == Some(Duration::ZERO);
+        let parallel = matches!(admit, Admit::Any) && !no_wait;
+        let (done_tx, done) = mpsc::channel::<Result<Link>>();
+        // Set once this accept ended: handshakes still running give up.
+        let given_up = Arc::new(AtomicBool::new(false));
+        let _give_up = GiveUp(&given_up);
+        let mut running = 0;
         let mut refused: Refusals = None;
         loop {
+            while let Ok(handshake) = done.try_recv() {
+                running -= 1;
+                match handshake {
+                    Ok(link) => return Ok(link),
+                    Err(e) => refuse(&mut refused, e),
+                }
+            }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) && !no_wait {
                 return Err((Error::new(ErrorKind::Timeout, "no connection request arrived"), refused));
             }
-            let event = listener.next_event(left).map_err(|e| (e, refused.clone()))?;
-            match Link::admit(listener, event, admit, ram_bytes, counters.clone()) {
-                // A recovery listener waits on past any request that fails
-                // (but not past the hypervisor's abort): on rxe a request sent
-                // while the link was down arrives once it is back, after its
-                // sender gave it up (rdma_accept: EINVAL).
-                Err(e)
-                    if e.kind == ErrorKind::Auth
-                        || matches!(admit, Admit::Resume(_)) && e.kind != ErrorKind::Aborted =>
-                {
-                    logging::warn(format_args!("{}; still listening", e.message));
-                    refused = Some((refused.map_or(0, |(n, _)| n) + 1, e));
+            // While handshakes run, their results are looked at often.
+            let slice = if running > 0 { HANDSHAKE_POLL_INTERVAL } else { EVENT_POLL_INTERVAL };
+            let event = match listener.next_event(left.map_or(Some(slice), |l| Some(l.min(slice)))) {
+                Ok(event) => event,
+                Err(e) if e.kind == ErrorKind::Timeout => continue,
+                Err(e) => return Err((e, refused)),
+            };
+            let request = match Request::take(listener, event, admit) {
+                Ok(request) => request,
+                Err(e) => {
+                    refuse(&mut refused, e);
+                    continue;
                 }
-                r => return r.map_err(|e| (e, None)),
+            };
+            if !parallel {
+                match request.handshake(&listener.config, admit, ram_bytes, counters.clone(), None) {
+                    Ok(link) => return Ok(link),
+                    Err(e) if matches!(e.kind, ErrorKind::Aborted | ErrorKind::Cancelled) => return Err((e, refused)),
+                    Err(e) => refuse(&mut refused, e),
+                }
+                continue;
+            }
+            if running >= MAX_HANDSHAKES {
+                refuse(
+                    &mut refused,
+                    request.refuse(format_args!("{MAX_HANDSHAKES} handshakes are in progress already")),
+                );
+                continue;
+            }
+            let (config, counters, done_tx, given_up) =
+                (listener.config.clone(), counters.clone(), done_tx.clone(), given_up.clone());
+            let spawned = std::thread::Builder::new().name("rdmamig-handshake".into()).spawn(move || {
+                let link = request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(given_up));
+                // The accept may have ended meanwhile: then the link drops here.
+                let _ = done_tx.send(link);
+            });
+            match spawned {
+                Ok(_) => running += 1,
+                Err(e) => refuse(
+                    &mut refused,
+                    Error::new(ErrorKind::Connect, format!("cannot start a handshake thread: {e}")),
+                ),
             }
         }
     }
+}
 
-    /// Answers one connection event: a connection request from an allowed
-    /// address (that `admit` takes), with our version, and (with a
-    /// key) a valid proof becomes a link.
-    fn admit(
-        listener: &Listener,
-        event: verbs::CmEvent,
-        admit: &Admit,
-        ram_bytes: u64,
-        counters: Arc<Counters>,
-    ) -> Result<Link> {
+/// Logs a refused request and counts it.
+fn refuse(refused: &mut Refusals, e: Error) {
+    logging::warn(format_args!("{}; still listening", e.message));
+    *refused = Some((refused.as_ref().map_or(0, |(n, _)| *n) + 1, e));
+}
+
+/// Handshakes one accept runs at once; a request beyond them is refused.
+const MAX_HANDSHAKES: usize = 8;
+/// How often an accept looks for finished handshakes while some run.
+const HANDSHAKE_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Sets the flag when dropped: an accept's running handshakes give up when it ends.
+struct GiveUp<'a>(&'a AtomicBool);
+
+impl Drop for GiveUp<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A connection request that passed the checks made before anything is set
+/// up for it (allow-list, the expected peer, version, authentication
+/// required, a recovery's proof): its id, on an event channel of its own
+/// (the id migrates to it, so its disconnect events are not taken by
+/// whoever waits on the listener).
+struct Request {
+    id: Arc<CmId>,
+    channel: Arc<EventChannel>,
+    data: ConnectData,
+    peer: Option<SocketAddr>,
+    from: String,
+}
+
+impl Request {
+    /// Checks one connection event; a request that fails is rejected here.
+    fn take(listener: &Listener, event: verbs::CmEvent, admit: &Admit) -> Result<Request> {
         let config = &listener.config;
         if event.kind() != CmEventKind::ConnectRequest {
             return Err(Error::new(
@@ -359,60 +474,94 @@ impl Link {
                 format!("expected a connection request, got {:?}", event.kind()),
             ));
         }
-        // Each connection gets its own event channel (the id migrates to it), so
-        // its disconnect events are not taken by whoever waits on the listener.
         let channel = EventChannel::new()?;
         let Some(id) = event.take_request_id(&channel) else {
             return Err(Error::new(ErrorKind::Connect, "connection request without an id"));
         };
         let peer = id.peer_addr();
         let from = peer.map_or_else(|| "an address that is not IP".to_string(), |a| a.to_string());
+        let reject = |private: &[u8], e: Error| {
+            let _ = id.reject(private);
+            Err(e)
+        };
         if !config.allowed_sources.is_empty()
             && !peer.is_some_and(|a| config.allowed_sources.iter().any(|p| p.contains(a.ip())))
         {
-            let _ = id.reject(&[]);
-            return Err(auth_error(format!("refused a connection from {from}: not on the allow-list")));
+            return reject(&[], auth_error(format!("refused a connection from {from}: not on the allow-list")));
         }
         if let Admit::SameSource(source) = *admit {
             if source != peer.map(|a| a.ip().to_canonical()) {
-                let _ = id.reject(&[]);
                 let source = source.map_or_else(|| "an address that is not IP".to_string(), |a| a.to_string());
-                return Err(auth_error(format!(
-                    "refused a connection from {from}: the return path must come from the source, {source}"
-                )));
+                return reject(
+                    &[],
+                    auth_error(format!(
+                        "refused a connection from {from}: the return path must come from the source, {source}"
+                    )),
+                );
             }
         }
         let ours = Capabilities { version: config.protocol_version, flags: 0 };
-        let request = match ConnectData::decode(event.private_data()) {
+        let data = match ConnectData::decode(event.private_data()) {
             Ok(r) => r,
-            Err(e) => {
-                let _ = id.reject(&ours.encode());
-                return Err(protocol_error(e));
-            }
+            Err(e) => return reject(&ours.encode(), protocol_error(e)),
         };
         drop(event);
-        let resume = match admit {
-            Admit::Resume(resume) => Some(resume),
-            _ => None,
-        };
-        if let Some(resume) = resume {
-            if !request.token.is_some_and(|t| same_token(&t, &resume.token)) {
-                let _ = id.reject(&[]);
-                return Err(auth_error(format!(
-                    "refused a connection from {from}: not the destination's post-copy recovery (no or another token)"
-                )));
+        if let Admit::Resume(resume) = admit {
+            if let Err(e) = resume.check(&data, peer) {
+                return reject(&[], auth_error(format!("refused a connection from {from}: {e}")));
             }
         }
-        if request.caps.version != config.protocol_version {
+        if data.caps.version != config.protocol_version {
             // QEMU just drops such a request; rejecting tells the source why.
-            let _ = id.reject(&ours.encode());
-            return Err(version_error(config.protocol_version, request.caps.version));
+            return reject(&ours.encode(), version_error(config.protocol_version, data.caps.version));
         }
-        let negotiated = Negotiated::offered(config, ram_bytes).masked(request.caps.flags);
-        if config.auth_key.is_some() && !negotiated.authenticated {
-            let _ = id.reject(&Capabilities { flags: CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH, ..ours }.encode());
-            return Err(auth_error(format!("refused a source from {from} that does not authenticate")));
+        // Whether the source authenticates does not depend on the RAM (0 fits any pin budget).
+        if config.auth_key.is_some() && !Negotiated::offered(config, 0).masked(data.caps.flags).authenticated {
+            return reject(
+                &Capabilities { flags: CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH, ..ours }.encode(),
+                auth_error(format!("refused a source from {from} that does not authenticate")),
+            );
         }
+        if let Admit::Resume(_) = admit {
+            // Checked above: a resume request has a nonce. One admitted before is a replay.
+            let nonce = data.nonce.expect("a recovery request carries a nonce");
+            let mut seen = listener.recovery_nonces.lock();
+            if seen.contains(&nonce) {
+                return reject(
+                    &[],
+                    auth_error(format!("refused a connection from {from}: a replayed recovery request")),
+                );
+            }
+            seen.push(nonce);
+        }
+        Ok(Request { id, channel, data, peer, from })
+    }
+
+    /// Rejects this request; the error says why.
+    fn refuse(self, why: std::fmt::Arguments) -> Error {
+        let _ = self.id.reject(&[]);
+        Error::new(ErrorKind::Connect, format!("refused a connection from {}: {why}", self.from))
+    }
+
+    /// Accepts the request and finishes the handshake, within the config's
+    /// handshake timeout, and, if `given_up` is given, until it is set:
+    /// the connection established and, with a key, the source's proof
+    /// checked.
+    fn handshake(
+        self,
+        config: &Config,
+        admit: &Admit,
+        ram_bytes: u64,
+        counters: Arc<Counters>,
+        given_up: Option<Arc<AtomicBool>>,
+    ) -> Result<Link> {
+        let Request { id, channel, data, peer, from, .. } = self;
+        let deadline = Instant::now() + config.handshake_timeout.min(config.timeout);
+        let negotiated = Negotiated::offered(config, ram_bytes).masked(data.caps.flags);
+        let resume = match admit {
+            Admit::Resume(resume) => Some(*resume),
+            _ => None,
+        };
         let old = resume.map(|r| r.old);
         let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters, old));
         let mut link = match link {
@@ -422,18 +571,25 @@ impl Link {
                 return Err(e);
             }
         };
+        // The handshake's waits end when the accept gave it up.
+        let handshake_stop = given_up.clone();
+        let lasting_stop = handshake_stop.as_ref().map(|stop| std::mem::replace(&mut link.stop, stop.clone()));
         // Masking unknown flags is the whole negotiation: echo what we kept.
         let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
-        let reply = Capabilities { version: request.caps.version, flags: negotiated.flags() | resume_flag };
-        let transcript = match (&config.auth_key, request.nonce) {
+        let reply = Capabilities { version: data.caps.version, flags: negotiated.flags() | resume_flag };
+        let pin_budget = pin::budget_for(config);
+        let transcript = match (&config.auth_key, data.nonce) {
             (Some(key), Some(source_nonce)) if negotiated.authenticated => Some((
                 key,
                 Transcript {
                     version: reply.version,
-                    offered: request.caps.flags,
+                    offered: data.caps.flags,
                     granted: reply.flags,
                     source_nonce,
                     destination_nonce: auth::nonce()?,
+                    pin_budget: pin_budget.unwrap_or(0),
+                    recovery_tag: data.recovery_tag,
+                    endpoints: Endpoints { source: peer.map(|a| a.ip()), destination: id.local_addr() },
                 },
             )),
             _ => None,
@@ -445,10 +601,10 @@ impl Link {
         // established (QEMU sets rnr_retry to 0): the receive goes first.
         link.post_recv(INCOMING)?;
         // An rdmamig source also learns the budget it must plan within; QEMU gets its 8 bytes.
-        let data = AcceptData { caps: reply, pin_budget: pin::budget_for(config), auth: challenge }.encode();
-        let data = if negotiated.extensions { &data[..] } else { &data[..Capabilities::LEN] };
+        let accept_data = AcceptData { caps: reply, pin_budget, auth: challenge }.encode();
+        let accept_data = if negotiated.extensions { &accept_data[..] } else { &accept_data[..Capabilities::LEN] };
         link.id.accept(&ConnParam {
-            private_data: data,
+            private_data: accept_data,
             // A source's recovery connection serves the destination's reads.
             responder_resources: if resume.is_some() { MAX_RD_ATOMIC } else { 2 },
             // An rdmamig source's post-copy lets this side READ (up to what it offered).
@@ -456,11 +612,17 @@ impl Link {
             retry_count: RETRY_COUNT,
             rnr_retry_count: 0,
         })?;
-        expect_event(&channel, CmEventKind::Established, Instant::now() + config.timeout, old.map(|o| &*o.stop))?;
+        let stop = handshake_stop.as_deref().or(old.map(|o| &*o.stop));
+        expect_event(&channel, CmEventKind::Established, deadline, stop).map_err(|e| {
+            Error::new(e.kind, format!("the connection from {from} was not established: {}", e.message))
+        })?;
         // The destination grants credits; it never waits for one.
         link.ready_expected = false;
         if let Some((key, t)) = transcript {
-            link.check_source_proof(key, &t, &from)?;
+            link.check_source_proof(key, &t, &from, deadline)?;
+        }
+        if let Some(stop) = lasting_stop {
+            link.stop = stop;
         }
         Ok(link)
     }
@@ -575,6 +737,9 @@ pub struct Listener {
     id: Arc<CmId>,
     config: Config,
     cancelled: AtomicBool,
+    /// The nonces of the recovery requests a source's recovery listener
+    /// admitted: one seen again is a replay.
+    recovery_nonces: Mutex<Vec<Nonce>>,
 }
 
 impl Listener {
@@ -602,7 +767,13 @@ impl Listener {
             return Err(Error::new(e.kind, format!("cannot bind {host}:{port}: {}", e.message)));
         }
         id.listen(5)?;
-        Ok(Listener { channel, id, config: config.clone(), cancelled: AtomicBool::new(false) })
+        Ok(Listener {
+            channel,
+            id,
+            config: config.clone(),
+            cancelled: AtomicBool::new(false),
+            recovery_nonces: Mutex::new(Vec::new()),
+        })
     }
 
     /// Makes every accept on this listener, running or later, fail with
