@@ -65,7 +65,7 @@ pub mod bench_internals {
 #[doc(hidden)]
 pub mod test_hooks {
     pub use crate::engine::postcopy::destination::SEVER_AFTER_PAGES;
-    pub use crate::engine::postcopy::source::DEAF_TO_RECOVERY;
+    pub use crate::engine::postcopy::source::{DEAF_TO_RECOVERY, RECOVERY_OFFER};
 }
 
 /// The library version, as in Cargo.toml.

@@ -122,16 +122,26 @@ const OFFERED: u32 = CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH;
 
 /// The source's proof as the README describes it, computed here
 /// independently of the library: HMAC-SHA-256 under the key of the role
-/// label, the version, the offered and granted flags, and both nonces.
-fn source_proof(key: &[u8], granted: u32, source_nonce: &[u8; 32], destination_nonce: &[u8; 32]) -> [u8; 32] {
+/// label and the transcript: the version, the offered and granted flags,
+/// both nonces, the announced pin budget, no recovery tag, and the
+/// endpoints (the source's IPv4 address, the destination's and its port).
+fn source_proof(key: &[u8], h: &Handshake, source_nonce: &[u8; 32]) -> [u8; 32] {
+    let ip: std::net::Ipv4Addr = rdma_ip().parse().unwrap();
     let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
     for part in [
-        &b"rdmamig auth v1: source\0"[..],
+        &b"rdmamig auth v2: source\0"[..],
         &PROTOCOL_VERSION.to_be_bytes(),
         &OFFERED.to_be_bytes(),
-        &granted.to_be_bytes(),
+        &h.granted.to_be_bytes(),
         source_nonce,
-        destination_nonce,
+        &h.challenge.nonce,
+        &h.pin_budget.to_be_bytes(),
+        &[0],
+        &[4],
+        &ip.octets(),
+        &[4],
+        &ip.octets(),
+        &h.port.to_be_bytes(),
     ] {
         mac.update(part);
     }
@@ -146,6 +156,8 @@ struct Handshake {
     /// The destination's challenge and the flags it granted.
     challenge: AuthChallenge,
     granted: u32,
+    pin_budget: u64,
+    port: u16,
     ram: GuardedRam,
 }
 
@@ -154,11 +166,12 @@ fn handshake(source_nonce: [u8; 32]) -> Handshake {
     let registry = ram.registry();
     let (listener, port) = listen(&Config { pin_all: true, ..keyed(KEY) });
     let accept = thread::spawn(move || Destination::accept(&listener, &registry, Some(CRAFTED_ACCEPT_WAIT)));
-    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some(source_nonce), token: None };
+    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some(source_nonce), recovery_tag: None };
     let peer = Peer::connect(port, &hello.encode()).expect("the keyed destination accepts the connection");
     let accepted = AcceptData::decode(&peer.accepted).expect("accept private data");
     let challenge = accepted.auth.expect("the destination's challenge");
-    Handshake { accept, peer, challenge, granted: accepted.caps.flags, ram }
+    let pin_budget = accepted.pin_budget.unwrap_or(0);
+    Handshake { accept, peer, challenge, granted: accepted.caps.flags, pin_budget, port, ram }
 }
 
 impl Handshake {
@@ -189,7 +202,7 @@ impl Handshake {
 fn crafted_source_with_the_key_is_admitted() {
     let nonce = [0x5A; 32];
     let mut h = handshake(nonce);
-    let tag = source_proof(KEY, h.granted, &nonce, &h.challenge.nonce);
+    let tag = source_proof(KEY, &h, &nonce);
     h.send_proof(tag);
     let dest = h.accept.join().unwrap().expect("a source that proved the key is admitted");
     assert!(dest.negotiated().authenticated);
@@ -202,7 +215,7 @@ fn replayed_handshake_is_refused_before_any_memory_is_registered() {
     // A good handshake, recorded: the source's nonce and its proof.
     let nonce = [0x5A; 32];
     let mut first = handshake(nonce);
-    let recorded = source_proof(KEY, first.granted, &nonce, &first.challenge.nonce);
+    let recorded = source_proof(KEY, &first, &nonce);
     first.send_proof(recorded);
     first.accept.join().unwrap().expect("the recorded handshake was good").close();
     // Played again: the destination's nonce is new, so the proof is wrong.
@@ -233,4 +246,56 @@ fn first_message_other_than_auth_is_refused() {
     h.peer.take_ready();
     h.peer.send_with(CommandType::RamBlocksRequest, 1, |_| {});
     h.refused(&["did not authenticate", "expected AUTH"]);
+}
+
+// ---- A pending keyed accept and the requests that must not end it ----
+
+/// A keyed destination's accept is pending. A request with version 2, a
+/// connection that never sends its proof, and a source with another key
+/// each come first; the accept goes on listening through all three (the
+/// silent one's handshake still running when the real source connects),
+/// and the real source then migrates byte-identical.
+#[test]
+fn pending_keyed_accept_outlasts_bad_requests_and_admits_the_real_source() {
+    let config = Config { handshake_timeout: Duration::from_secs(3), ..keyed(KEY) };
+    let src_ram = GuestRam::new(RAM, 0);
+    for page in 0..RAM / 4096 {
+        src_ram.write_u64(page * 4096, page.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    }
+    let dst_ram = GuestRam::new(RAM, FILL);
+    let (listener, port) = listen(&config);
+    let registry = one_block(&dst_ram, RAM);
+    let accept = thread::spawn(move || {
+        let dest = Destination::accept(&listener, &registry, Some(Duration::from_secs(60)))?;
+        let ending = dest.wait_end(Some(Duration::from_secs(60)));
+        dest.close();
+        ending
+    });
+
+    let refusal = Peer::connect(port, &Capabilities { version: 2, flags: OFFERED }.encode()).map(|_| ());
+    let refusal = refusal.expect_err("a version-2 request was accepted");
+    eprintln!("version 2: {refusal:?}");
+    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some([9; 32]), recovery_tag: None };
+    let _silent = Peer::connect(port, &hello.encode()).expect("the silent peer's connection is accepted");
+    let silent_since = std::time::Instant::now();
+    eprintln!("a silent peer is connected; its handshake waits for its proof");
+    let other_key =
+        Source::connect(&rdma_ip(), port, &keyed(b"another key, not the destination's"), &one_block(&src_ram, RAM));
+    let other_key = other_key.map(|_| ()).expect_err("a source with another key was admitted");
+    eprintln!("another key: {other_key}");
+    assert_eq!(other_key.kind, ErrorKind::Auth, "{other_key}");
+
+    let started = std::time::Instant::now();
+    let source = Source::connect(&rdma_ip(), port, &config, &one_block(&src_ram, RAM)).expect("the real source");
+    assert!(started.elapsed() < Duration::from_secs(2), "the real source waited {:?}", started.elapsed());
+    // The silent peer's handshake was still running: the two ran side by side.
+    assert!(silent_since.elapsed() < config.handshake_timeout, "the silent peer's handshake was over already");
+    assert!(source.negotiated().authenticated);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, RAM).unwrap();
+    source.iteration_end().unwrap();
+    assert_eq!(source.close().unwrap(), rdmamig::Ending::Completed);
+    let ending = accept.join().unwrap().expect("the destination's accept and migration");
+    assert_eq!(ending, rdmamig::Ending::Completed);
+    assert!(src_ram.bytes() == dst_ram.bytes(), "the destination's RAM differs from the source's");
 }

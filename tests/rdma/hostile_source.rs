@@ -56,8 +56,9 @@
 //! - destination_never_answering_register_times_out
 //! - destination_never_answering_ram_blocks_times_out
 //! - source_ram_refuses_a_write_with_its_real_rkey
-//! - recovery_listener_refuses_requests_without_the_token
+//! - recovery_listener_refuses_requests_without_the_tokens_proof
 
+use hmac::{Hmac, Mac};
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::sync::atomic::{fence, Ordering};
@@ -82,6 +83,7 @@ use crate::hostile::{
     next_event, next_wc, ControlBuffer, Peer as CraftedSource, Received, WRID_RECV, WRID_SEND, WRID_WRITE,
 };
 use crate::migration::{rdma_ip, GuestRam};
+use sha2::Sha256;
 
 const MIB: u64 = 1 << 20;
 /// The source's RAM blocks: several chunks each, so a registration batch has several entries.
@@ -1077,12 +1079,15 @@ fn source_ram_refuses_a_write_with_its_real_rkey() {
 }
 
 /// With post-copy recovery on, the source listens for the destination's
-/// recovery connection while post-copy runs. A request with another token,
-/// and one with none, are refused at once; the source keeps its connection
-/// (it takes only an admitted request as the loss of it) and its post-copy
-/// ends normally when the crafted destination answers POSTCOPY_DONE.
+/// recovery connection while post-copy runs. A request must prove the
+/// token (a tag, here under the token itself: the source has no key): one
+/// with the token's tag over another nonce than it carries, one proving
+/// another token, and one without any proof are refused at once, before any
+/// QP exists for them; the source keeps its connection (it takes only an
+/// admitted request as the loss of it) and its post-copy ends normally
+/// when the crafted destination answers POSTCOPY_DONE.
 #[test]
-fn recovery_listener_refuses_requests_without_the_token() {
+fn recovery_listener_refuses_requests_without_the_tokens_proof() {
     let listening = Listening::new();
     let ram = source_ram();
     let pages = BLOCKS[0].1 / 4096;
@@ -1102,17 +1107,23 @@ fn recovery_listener_refuses_requests_without_the_token() {
     // The source now waits for POSTCOPY_DONE and polls its recovery listener.
     let mut wrong = offer.token;
     wrong[0] ^= 1;
-    let resume = |token: Option<[u8; RECOVERY_TOKEN_LEN]>| {
-        let flags = CAP_RDMAMIG_EXT | if token.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
-        ConnectData { caps: Capabilities::v1(flags), nonce: None, token }.encode()
+    let resume = |nonce: [u8; 32], tag: Option<[u8; 16]>| {
+        let flags = CAP_RDMAMIG_EXT | if tag.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
+        ConnectData { caps: Capabilities::v1(flags), nonce: tag.map(|_| nonce), recovery_tag: tag }.encode()
     };
-    for (what, private) in [("another token", resume(Some(wrong))), ("no token", resume(None))] {
+    let requests = [
+        ("the token's tag over another nonce", resume([2; 32], Some(recovery_tag(&offer.token, &[1; 32])))),
+        ("another token's tag", resume([1; 32], Some(recovery_tag(&wrong, &[1; 32])))),
+        ("no proof", resume([1; 32], None)),
+    ];
+    for (what, private) in requests {
         let started = Instant::now();
         match CraftedSource::connect(offer.port, &private) {
             Ok(_) => panic!("a recovery request with {what} was accepted"),
             Err(refusal) => {
                 assert_eq!(refusal.kind, CmEventKind::Rejected, "a recovery request with {what}");
                 assert!(started.elapsed() < FAIL_WITHIN, "refused only after {:?}", started.elapsed());
+                eprintln!("recovery request with {what}: rejected after {:?}", started.elapsed());
             }
         }
     }
@@ -1123,9 +1134,23 @@ fn recovery_listener_refuses_requests_without_the_token() {
     let got = postcopy.recv_timeout(BOUND).expect("the source's post-copy still waits");
     assert_eq!(got.expect("post-copy over the first connection"), summary);
     eprintln!(
-        "recovery listener on port {}: refused another token and none; post-copy ended over its connection",
+        "recovery listener on port {}: refused every request without the token's proof; post-copy ended over its \
+         connection",
         offer.port
     );
+}
+
+/// A recovery request's tag as the README describes it, computed here
+/// independently of the library, for a source without a key: HMAC-SHA-256
+/// under the token of a label, the token, the request's nonce and the
+/// address it comes from, truncated to 16 bytes.
+pub(crate) fn recovery_tag(token: &[u8; RECOVERY_TOKEN_LEN], nonce: &[u8; 32]) -> [u8; 16] {
+    let ip: std::net::Ipv4Addr = rdma_ip().parse().unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(token).unwrap();
+    for part in [&b"rdmamig v2: recovery request\0"[..], token, nonce, &[4], &ip.octets(), &[0], &[0, 0]] {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes()[..16].try_into().unwrap()
 }
 
 /// A source with post-copy recovery on, in a thread: it connects to `port`,

@@ -26,6 +26,7 @@ mod pin_all;
 mod pinning;
 mod postcopy;
 mod qemu;
+mod relay;
 mod replay;
 mod setup;
 mod smoke;

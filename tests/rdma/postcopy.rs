@@ -18,9 +18,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rdmamig::verbs::CmEventKind;
+use rdmamig::wire::{Capabilities, ConnectData, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT, CAP_RDMAMIG_RESUME};
 use rdmamig::{AuthKey, Config, Destination, Ending, ErrorKind, PostcopyPhase, Source, StalePages};
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
+use super::hostile::Peer as CraftedSource;
+use super::hostile_source::recovery_tag;
 use super::memory::Rss;
 use super::migration::{connect, listen, one_block, rdma_ip, read_stream, GuestRam, Rng, PAGE};
 
@@ -1073,4 +1077,61 @@ fn postcopy_reconnect_attempt_ends_at_the_destinations_abort() {
     assert_eq!(dest.postcopy_progress().recoveries, 0);
     let _ = source.close();
     eprintln!("destination aborted while reconnecting: post-copy ended {returned:?} after the abort ({err}), close {closed:?}");
+}
+
+/// Keyed peers with post-copy recovery on. While post-copy runs, a host
+/// that read the recovery listener's port and token off the control
+/// channel (POSTCOPY_RECOVERY is tagged, not encrypted) dials it with a
+/// proof under the token (what a request of an unkeyed source carries, not
+/// the session's key) and with none. Each is rejected before any QP
+/// exists for it, within 100 ms (the source's post-copy thread refuses it
+/// inline: that is the stall it costs), and post-copy goes on over its
+/// connection to the end, byte-identical, with no recovery.
+#[test]
+fn keyed_recovery_listener_refuses_requests_without_the_session_keys_proof() {
+    const STALL: Duration = Duration::from_millis(100);
+    let keyed = Config {
+        postcopy_recovery: Some(Duration::from_secs(30)),
+        auth_key: Some(AuthKey::new(&[0x3c; 32]).unwrap()),
+        ..Config::default()
+    };
+    let src = GuestRam::new(KILLED_DEST_LEN, 0);
+    let mut rng = Rng::new(31);
+    for off in (0..KILLED_DEST_LEN).step_by(8) {
+        src.write_u64(off, rng.next());
+    }
+    let dst = GuestRam::new(KILLED_DEST_LEN, 0xAA);
+    *rdmamig::test_hooks::RECOVERY_OFFER.lock() = None;
+    let (source, dest, stale) = all_stale_with(&src, &keyed, &dst, &keyed);
+    let source_side = thread::spawn(move || {
+        let summary = source.postcopy(&stale);
+        (summary, source.close())
+    });
+    dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+    let (port, token) = rdmamig::test_hooks::RECOVERY_OFFER.lock().expect("the source offered recovery");
+    let nonce = [0x77; 32];
+    let request = |tag: Option<[u8; 16]>| {
+        let flags = CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | if tag.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
+        ConnectData { caps: Capabilities::v1(flags), nonce: Some(nonce), recovery_tag: tag }.encode()
+    };
+    let attempts =
+        [("a proof under the token", request(Some(recovery_tag(&token, &nonce)))), ("no proof", request(None))];
+    for (what, private) in attempts {
+        let started = Instant::now();
+        let refusal = CraftedSource::connect(port, &private).map(|_| ()).expect_err("a recovery request was accepted");
+        let took = started.elapsed();
+        eprintln!("recovery request with {what}: {:?} after {took:?}", refusal.kind);
+        assert_eq!(refusal.kind, CmEventKind::Rejected, "{what}");
+        assert!(took <= STALL, "the request with {what} was refused only after {took:?}");
+    }
+    let progress = dest.postcopy_progress();
+    assert!(progress.pages_remaining > 0, "post-copy ended before the requests were made: {progress:?}");
+    dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(120))).unwrap();
+    let (summary, closed) = source_side.join().unwrap();
+    let summary = summary.expect("post-copy over its first connection");
+    assert_eq!(closed.unwrap(), Ending::Completed);
+    assert_eq!(dest.postcopy_progress().recoveries, 0, "a recovery happened");
+    dest.close();
+    assert!(src.bytes() == dst.bytes(), "the destination's RAM differs after post-copy");
+    eprintln!("post-copy went on: {summary:?}");
 }

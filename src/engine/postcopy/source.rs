@@ -193,6 +193,10 @@ impl Recovery {
         let offer = PostcopyRecovery { port: listener.port(), token };
         link.post_message(CommandType::PostcopyRecovery, |w| w.push(&offer))?;
         logging::debug(format_args!("source: post-copy recovery listener on port {}", offer.port));
+        #[cfg(feature = "rdma-tests")]
+        {
+            *RECOVERY_OFFER.lock() = Some((offer.port, token));
+        }
         Ok(Recovery { listener, token, window })
     }
 
@@ -294,6 +298,11 @@ fn heeded(listener: &Listener) -> Option<&Listener> {
 /// destination's recovery request waits unanswered).
 #[cfg(feature = "rdma-tests")]
 pub static DEAF_TO_RECOVERY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// For the RDMA tests: the last recovery listener's port and token, as a
+/// host that reads the control channel learns them (POSTCOPY_RECOVERY).
+#[cfg(feature = "rdma-tests")]
+pub static RECOVERY_OFFER: parking_lot::Mutex<Option<(u16, [u8; RECOVERY_TOKEN_LEN])>> = parking_lot::Mutex::new(None);
 
 /// POSTCOPY_DONE's summary.
 fn done(m: &Message) -> Result<PostcopySummary> {
