@@ -11,13 +11,14 @@
 use std::thread;
 use std::time::Duration;
 
+use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use rdmamig::wire::{
-    AcceptData, AuthChallenge, AuthProof, Capabilities, CommandType, ConnectData, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
-    PROTOCOL_VERSION,
+    self, AcceptData, AuthChallenge, AuthProof, Capabilities, CommandType, ConnectData, MessageWriter,
+    CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT, PROTOCOL_VERSION,
 };
 use rdmamig::{AuthKey, Config, Destination, ErrorKind, Source};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use crate::hostile::{GuardedRam, Peer};
 use crate::migration::{listen, live_mrs, migrate, one_block, rdma_ip, GuestRam};
@@ -120,17 +121,14 @@ const KEY: &[u8] = b"hostile suite: pre-shared key 32";
 const CRAFTED_ACCEPT_WAIT: Duration = Duration::from_secs(3);
 const OFFERED: u32 = CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH;
 
-/// The source's proof as the README describes it, computed here
-/// independently of the library: HMAC-SHA-256 under the key of the role
-/// label and the transcript: the version, the offered and granted flags,
-/// both nonces, the announced pin budget, no recovery tag, and the
+/// The handshake's transcript as the README describes it, computed here
+/// independently of the library: the version, the offered and granted
+/// flags, both nonces, the announced pin budget, no recovery tag, and the
 /// endpoints (the source's IPv4 address, the destination's and its port).
-fn source_proof(key: &[u8], h: &Handshake, source_nonce: &[u8; 32]) -> [u8; 32] {
+fn transcript(h: &Handshake, source_nonce: &[u8; 32]) -> Vec<u8> {
     let ip: std::net::Ipv4Addr = rdma_ip().parse().unwrap();
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
-    for part in [
-        &b"rdmamig auth v2: source\0"[..],
-        &PROTOCOL_VERSION.to_be_bytes(),
+    [
+        &PROTOCOL_VERSION.to_be_bytes()[..],
         &OFFERED.to_be_bytes(),
         &h.granted.to_be_bytes(),
         source_nonce,
@@ -142,10 +140,42 @@ fn source_proof(key: &[u8], h: &Handshake, source_nonce: &[u8; 32]) -> [u8; 32] 
         &[4],
         &ip.octets(),
         &h.port.to_be_bytes(),
-    ] {
-        mac.update(part);
-    }
+    ]
+    .concat()
+}
+
+/// The source's proof: HMAC-SHA-256 under the key of the role label and the transcript.
+fn source_proof(key: &[u8], transcript: &[u8]) -> [u8; 32] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    mac.update(b"rdmamig auth v2: source\0");
+    mac.update(transcript);
     mac.finalize().into_bytes().into()
+}
+
+/// The session's control keys, source to destination and back: HKDF-SHA-256
+/// with both nonces as salt, the key as input, and each direction's label
+/// and the transcript's SHA-256 as info.
+fn session_keys(key: &[u8], transcript: &[u8], h: &Handshake, source_nonce: &[u8; 32]) -> [[u8; 32]; 2] {
+    let salt = [&source_nonce[..], &h.challenge.nonce].concat();
+    let kdf = Hkdf::<Sha256>::new(Some(&salt), key);
+    let digest = Sha256::digest(transcript);
+    [&b"rdmamig v2: control, source to destination\0"[..], b"rdmamig v2: control, destination to source\0"].map(
+        |label| {
+            let mut out = [0u8; 32];
+            kdf.expand_multi_info(&[label, &digest], &mut out).unwrap();
+            out
+        },
+    )
+}
+
+/// A control message's tag: HMAC-SHA-256 under the direction's key of the
+/// message's number in that direction (big-endian u64) and its bytes, the
+/// first 16 bytes.
+fn control_tag(key: &[u8; 32], number: u64, message: &[u8]) -> [u8; 16] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    mac.update(&number.to_be_bytes());
+    mac.update(message);
+    mac.finalize().into_bytes()[..16].try_into().unwrap()
 }
 
 /// A crafted source connected to a keyed destination, whose accept (in its
@@ -202,7 +232,7 @@ impl Handshake {
 fn crafted_source_with_the_key_is_admitted() {
     let nonce = [0x5A; 32];
     let mut h = handshake(nonce);
-    let tag = source_proof(KEY, &h, &nonce);
+    let tag = source_proof(KEY, &transcript(&h, &nonce));
     h.send_proof(tag);
     let dest = h.accept.join().unwrap().expect("a source that proved the key is admitted");
     assert!(dest.negotiated().authenticated);
@@ -215,7 +245,7 @@ fn replayed_handshake_is_refused_before_any_memory_is_registered() {
     // A good handshake, recorded: the source's nonce and its proof.
     let nonce = [0x5A; 32];
     let mut first = handshake(nonce);
-    let recorded = source_proof(KEY, &first, &nonce);
+    let recorded = source_proof(KEY, &transcript(&first, &nonce));
     first.send_proof(recorded);
     first.accept.join().unwrap().expect("the recorded handshake was good").close();
     // Played again: the destination's nonce is new, so the proof is wrong.
@@ -246,6 +276,43 @@ fn first_message_other_than_auth_is_refused() {
     h.peer.take_ready();
     h.peer.send_with(CommandType::RamBlocksRequest, 1, |_| {});
     h.refused(&["did not authenticate", "expected AUTH"]);
+}
+
+/// After the handshake every control message carries its tag, as the
+/// README describes it: the destination's next READY and its answer to a
+/// tagged RAM_BLOCKS_REQUEST carry theirs (numbers 0 and 1 from the
+/// destination), and the same request played again (its number is past) is
+/// refused with an authentication error, before anything in the RAM moved.
+#[test]
+fn control_messages_after_the_handshake_are_tagged() {
+    let nonce = [0x6B; 32];
+    let mut h = handshake(nonce);
+    let t = transcript(&h, &nonce);
+    h.send_proof(source_proof(KEY, &t));
+    let [to_destination, to_source] = session_keys(KEY, &t, &h, &nonce);
+    let dest = h.accept.join().unwrap().expect("a source that proved the key is admitted");
+    let tagged = |key: &[u8; 32], number: u64, message: &[u8]| [message, &control_tag(key, number, message)].concat();
+
+    let ready = h.peer.recv_bytes(Duration::from_secs(10)).expect("READY").expect("READY");
+    assert_eq!(ready, tagged(&to_source, 0, &ready[..16]), "READY and its tag");
+    let mut buf = [0u8; 64];
+    let len = MessageWriter::new(&mut buf, CommandType::RamBlocksRequest).finish();
+    let request = tagged(&to_destination, 0, &buf[..len]);
+    h.peer.send_raw(1, &request);
+    let result = h.peer.recv_bytes(Duration::from_secs(10)).expect("RAM_BLOCKS_RESULT").expect("RAM_BLOCKS_RESULT");
+    let (message, _) = result.split_at(result.len() - 16);
+    assert_eq!(wire::decode_message(message).map(|m| m.kind), Ok(CommandType::RamBlocksResult));
+    assert_eq!(result, tagged(&to_source, 1, message), "RAM_BLOCKS_RESULT and its tag");
+
+    let ready = h.peer.recv_bytes(Duration::from_secs(10)).expect("READY").expect("READY");
+    assert_eq!(ready, tagged(&to_source, 2, &ready[..16]));
+    h.peer.send_raw(1, &request);
+    let e = dest.wait_end(Some(Duration::from_secs(10))).map(|_| ()).expect_err("a replayed message was taken");
+    eprintln!("destination: {e}");
+    assert_eq!(e.kind, ErrorKind::Auth, "{e}");
+    assert!(e.message.contains("authentication tag"), "{e}");
+    dest.close();
+    h.ram.check_untouched();
 }
 
 // ---- A pending keyed accept and the requests that must not end it ----

@@ -442,6 +442,17 @@ impl Peer {
     /// The next message from the destination; `Some(Err(status))` for a failed
     /// (e.g. flushed) receive, `None` if nothing arrived within `timeout`.
     pub(crate) fn recv_any(&mut self, timeout: Duration) -> Option<Result<Received, String>> {
+        Some(self.recv_bytes(timeout)?.map(|bytes| {
+            let (kind, repeat) = match wire::decode_message(&bytes) {
+                Ok(m) => (m.kind, m.repeat),
+                Err(e) => panic!("malformed message from the destination: {e}"),
+            };
+            Received { kind, repeat, bytes }
+        }))
+    }
+
+    /// As `recv_any`, the bytes as they came (a tagged message's tag included).
+    pub(crate) fn recv_bytes(&mut self, timeout: Duration) -> Option<Result<Vec<u8>, String>> {
         let wc = next_wc(&self.recv_cq, Instant::now() + timeout)?;
         let i = self.posted.pop_front().expect("a receive completed that was never posted");
         assert_eq!(wc.wr_id(), WRID_RECV + i as u64, "receives complete in posting order");
@@ -449,12 +460,7 @@ impl Peer {
             return Some(Err(format!("{} ({})", wc.status_str(), wc.status())));
         }
         fence(Ordering::Acquire);
-        let bytes = self.recv[i].mem[..wc.byte_len() as usize].to_vec();
-        let (kind, repeat) = match wire::decode_message(&bytes) {
-            Ok(m) => (m.kind, m.repeat),
-            Err(e) => panic!("malformed message from the destination: {e}"),
-        };
-        Some(Ok(Received { kind, repeat, bytes }))
+        Some(Ok(self.recv[i].mem[..wc.byte_len() as usize].to_vec()))
     }
 
     /// The next message, which must be of type `kind`.
@@ -501,7 +507,7 @@ impl Peer {
     }
 
     /// As `send_with`, for bytes built by hand (`raw_message`, `message`).
-    fn send_raw(&mut self, responses: usize, bytes: &[u8]) {
+    pub(crate) fn send_raw(&mut self, responses: usize, bytes: &[u8]) {
         self.post_recvs(responses + 1);
         let len = self.stage(bytes);
         let wc = self.transmit(len);
