@@ -366,3 +366,42 @@ fn pending_keyed_accept_outlasts_bad_requests_and_admits_the_real_source() {
     assert_eq!(ending, rdmamig::Ending::Completed);
     assert!(src_ram.bytes() == dst_ram.bytes(), "the destination's RAM differs from the source's");
 }
+
+// ---- Two accepts on one listener, a QEMU source's return path among the requests ----
+
+/// Two accepts wait on one listener with `return_path` on. A QEMU source
+/// (a crafted peer connecting as QEMU does: its migration, then its return
+/// path from the same address) and an rdmamig source connect, the rdmamig
+/// source in between. Each request reaches the accept it belongs to,
+/// whichever accept happened to read it: one accept returns the QEMU
+/// source with its return path, the other the rdmamig source; nobody is
+/// refused. Three rounds, since which accept reads which request varies.
+#[test]
+fn concurrent_accepts_match_return_paths_to_their_migration() {
+    let config = Config { return_path: true, ..Config::default() };
+    for round in 0..3 {
+        let (listener, port) = listen(&config);
+        let (a, b) = (GuestRam::new(RAM, FILL), GuestRam::new(RAM, FILL));
+        let src_ram = GuestRam::new(RAM, 0x11);
+        thread::scope(|scope| {
+            let accepts: Vec<_> = [&a, &b]
+                .map(|ram| {
+                    let (listener, registry) = (&listener, one_block(ram, RAM));
+                    scope.spawn(move || Destination::accept(listener, &registry, Some(Duration::from_secs(20))))
+                })
+                .into();
+            let qemu = Capabilities::v1(0).encode();
+            let forward = Peer::connect(port, &qemu).expect("the QEMU source's connection");
+            let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&src_ram, RAM))
+                .expect("the rdmamig source's connection");
+            let return_path = Peer::connect(port, &qemu).expect("the QEMU source's return path");
+            let mut got: Vec<_> = accepts.into_iter().map(|a| a.join().unwrap().expect("an accept")).collect();
+            got.sort_by_key(|d| d.negotiated().extensions);
+            assert!(!got[0].negotiated().extensions && got[0].has_return_path(), "round {round}: the QEMU source");
+            assert!(got[1].negotiated().extensions && !got[1].has_return_path(), "round {round}: the rdmamig source");
+            drop((forward, return_path));
+            source.abort();
+            got.into_iter().for_each(|d| d.close());
+        });
+    }
+}

@@ -386,20 +386,17 @@ impl Link {
             }
             // While handshakes run, their results are looked at often.
             let slice = if running > 0 { HANDSHAKE_POLL_INTERVAL } else { EVENT_POLL_INTERVAL };
-            let event = match listener.next_event(left.map_or(Some(slice), |l| Some(l.min(slice)))) {
-                Ok(event) => event,
-                Err(e) if e.kind == ErrorKind::Timeout => continue,
-                Err(e) => return Err((e, refused)),
-            };
-            let request = match Request::take(listener, event, admit) {
-                Ok(request) => request,
+            let request = match listener.next_request(admit, left.map_or(slice, |l| l.min(slice))) {
+                Ok(Some(request)) => request,
+                Ok(None) => continue,
+                Err(e) if matches!(e.kind, ErrorKind::Cancelled | ErrorKind::WouldBlock) => return Err((e, refused)),
                 Err(e) => {
                     refuse(&mut refused, e);
                     continue;
                 }
             };
             if !parallel {
-                match request.handshake(&listener.config, admit, ram_bytes, counters.clone(), None) {
+                match request.handshake(&listener.config, admit, ram_bytes, counters.clone(), None, &listener.parked) {
                     Ok(link) => return Ok(link),
                     Err(e) if matches!(e.kind, ErrorKind::Aborted | ErrorKind::Cancelled) => return Err((e, refused)),
                     Err(e) => refuse(&mut refused, e),
@@ -413,10 +410,10 @@ impl Link {
                 );
                 continue;
             }
-            let (config, counters, done_tx, given_up) =
-                (listener.config.clone(), counters.clone(), done_tx.clone(), given_up.clone());
+            let (config, counters, done_tx, given_up, parked) =
+                (listener.config.clone(), counters.clone(), done_tx.clone(), given_up.clone(), listener.parked.clone());
             let spawned = std::thread::Builder::new().name("rdmamig-handshake".into()).spawn(move || {
-                let link = request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(given_up));
+                let link = request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(given_up), &parked);
                 // The accept may have ended meanwhile: then the link drops here.
                 let _ = done_tx.send(link);
             });
@@ -489,17 +486,6 @@ impl Request {
         {
             return reject(&[], auth_error(format!("refused a connection from {from}: not on the allow-list")));
         }
-        if let Admit::SameSource(source) = *admit {
-            if source != peer.map(|a| a.ip().to_canonical()) {
-                let source = source.map_or_else(|| "an address that is not IP".to_string(), |a| a.to_string());
-                return reject(
-                    &[],
-                    auth_error(format!(
-                        "refused a connection from {from}: the return path must come from the source, {source}"
-                    )),
-                );
-            }
-        }
         let ours = Capabilities { version: config.protocol_version, flags: 0 };
         let data = match ConnectData::decode(event.private_data()) {
             Ok(r) => r,
@@ -554,6 +540,7 @@ impl Request {
         ram_bytes: u64,
         counters: Arc<Counters>,
         given_up: Option<Arc<AtomicBool>>,
+        parked: &Mutex<Parked>,
     ) -> Result<Link> {
         let Request { id, channel, data, peer, from, .. } = self;
         let deadline = Instant::now() + config.handshake_timeout.min(config.timeout);
@@ -616,6 +603,11 @@ impl Request {
         expect_event(&channel, CmEventKind::Established, deadline, stop).map_err(|e| {
             Error::new(e.kind, format!("the connection from {from} was not established: {}", e.message))
         })?;
+        // A QEMU source opens its return path right away: its next request
+        // is for the accept that takes this one (`Link::accept_return`).
+        if config.return_path && !negotiated.extensions && matches!(admit, Admit::Any) {
+            parked.lock().expect_return_path(peer, config.timeout);
+        }
         // The destination grants credits; it never waits for one.
         link.ready_expected = false;
         if let Some((key, t)) = transcript {
@@ -625,6 +617,80 @@ impl Request {
             link.stop = stop;
         }
         Ok(link)
+    }
+}
+
+/// What the accepts running on one listener share: the requests one of
+/// them read and left for another, and the QEMU sources whose return path
+/// is due.
+#[derive(Default)]
+pub(super) struct Parked {
+    /// Requests left for another accept, with when they came; one nobody
+    /// takes within the handshake timeout is rejected.
+    requests: Vec<(Request, Instant)>,
+    /// QEMU sources admitted with `Config::return_path`, and until when
+    /// their next request is their return path (which no other accept takes).
+    return_paths: Vec<(Option<IpAddr>, Instant)>,
+}
+
+impl Parked {
+    /// Whether the accept of `admit` takes `request`: a return path from
+    /// the QEMU source it serves; a first connection unless it is a QEMU
+    /// source's return path that is due.
+    fn admits(&self, admit: &Admit, request: &Request) -> bool {
+        let from = request.peer.map(|a| a.ip().to_canonical());
+        // QEMU never offers rdmamig's extensions: such a request is no return path.
+        let qemu = request.data.caps.flags & CAP_RDMAMIG_EXT == 0;
+        match *admit {
+            Admit::SameSource(source) => qemu && source == from,
+            Admit::Any => !qemu || !self.return_paths.iter().any(|&(ip, until)| ip == from && Instant::now() < until),
+            Admit::Resume(_) => true,
+        }
+    }
+
+    /// A request left earlier that `admit` takes; rejects those that waited
+    /// longer than `wait`, and forgets return paths no longer due.
+    fn claim(&mut self, admit: &Admit, wait: Duration) -> Option<Request> {
+        let now = Instant::now();
+        self.return_paths.retain(|&(_, until)| now < until);
+        self.requests.retain(|(request, since)| {
+            let keep = now.duration_since(*since) < wait;
+            if !keep {
+                logging::warn(format_args!("refused a connection from {}: no accept took it", request.from));
+                let _ = request.id.reject(&[]);
+            }
+            keep
+        });
+        let at = self.requests.iter().position(|(request, _)| self.admits(admit, request))?;
+        let (request, _) = self.requests.remove(at);
+        if let Admit::SameSource(source) = *admit {
+            self.took_return_path(source);
+        }
+        Some(request)
+    }
+
+    /// `request` if `admit` takes it, else it is left for another accept.
+    fn keep_unless_admitted(&mut self, admit: &Admit, request: Request) -> Option<Request> {
+        if self.admits(admit, &request) {
+            if let Admit::SameSource(source) = *admit {
+                self.took_return_path(source);
+            }
+            return Some(request);
+        }
+        logging::debug(format_args!("a connection request from {} is left for another accept", request.from));
+        self.requests.push((request, Instant::now()));
+        None
+    }
+
+    fn expect_return_path(&mut self, source: Option<SocketAddr>, within: Duration) {
+        self.return_paths.push((source.map(|a| a.ip().to_canonical()), Instant::now() + within));
+    }
+
+    /// The return path of `source` is taken (or given up): no longer due.
+    fn took_return_path(&mut self, source: Option<IpAddr>) {
+        if let Some(at) = self.return_paths.iter().position(|&(ip, _)| ip == source) {
+            self.return_paths.remove(at);
+        }
     }
 }
 
@@ -740,6 +806,8 @@ pub struct Listener {
     /// The nonces of the recovery requests a source's recovery listener
     /// admitted: one seen again is a replay.
     recovery_nonces: Mutex<Vec<Nonce>>,
+    /// Shared with this listener's accepts and their handshake threads.
+    parked: Arc<Mutex<Parked>>,
 }
 
 impl Listener {
@@ -773,6 +841,7 @@ impl Listener {
             config: config.clone(),
             cancelled: AtomicBool::new(false),
             recovery_nonces: Mutex::new(Vec::new()),
+            parked: Arc::default(),
         })
     }
 
@@ -815,6 +884,23 @@ impl Listener {
                 return Err(Error::new(ErrorKind::Timeout, "no connection request arrived"));
             }
         }
+    }
+
+    /// The next connection request that `admit` takes: one another accept
+    /// left, or the next to arrive within `wait` (`None`: none came, or it
+    /// was left for another accept). A request that fails its first checks
+    /// is rejected and its error returned.
+    fn next_request(&self, admit: &Admit, wait: Duration) -> Result<Option<Request>> {
+        if let Some(request) = self.parked.lock().claim(admit, self.config.handshake_timeout) {
+            return Ok(Some(request));
+        }
+        let event = match self.next_event(Some(wait)) {
+            Ok(event) => event,
+            Err(e) if e.kind == ErrorKind::Timeout => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let request = Request::take(self, event, admit)?;
+        Ok(self.parked.lock().keep_unless_admitted(admit, request))
     }
 
     /// Whether a connection request (or another event) waits to be taken.
