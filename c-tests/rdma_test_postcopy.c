@@ -22,8 +22,9 @@
  * inside a window, and the destination-only calls are all refused, and the
  * connection still works afterwards.
  *
- * Both sides turn post-copy recovery on, and both see it negotiated
- * (rdmamig_conn_negotiated_postcopy_recovery); no connection is lost, so the
+ * Both sides turn post-copy recovery on and set the same key, and both see
+ * both negotiated (rdmamig_conn_negotiated_postcopy_recovery,
+ * rdmamig_conn_negotiated_authenticated); no connection is lost, so the
  * destination's progress counts no recovery.
  *
  * Destination: waits for RDMAMIG_POSTCOPY_RUNNING, then VCPUS threads read
@@ -64,6 +65,8 @@
 #define WATCHDOG_S 300
 /* Post-copy recovery, on both sides: negotiated, and never needed here. */
 #define RECOVERY_MS 20000
+/* Both sides' pre-shared key (random bytes in real use). */
+static const uint8_t KEY[32] = "rdma_test_postcopy: its key ...";
 
 static int no_postcopy;
 
@@ -172,6 +175,7 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     ram = registry(host, len);
     EXPECT(ram);
     TRY(NULL, rdmamig_config_set_postcopy_recovery_ms(cfg, RECOVERY_MS));
+    TRY(NULL, rdmamig_config_set_auth_key(cfg, KEY, sizeof KEY));
     TRY(NULL, rdmamig_listener_new(rdma_ip(), 0, cfg, &listener));
     port = rdmamig_listener_port(listener);
     EXPECT(port != 0);
@@ -181,6 +185,10 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     TRY(conn, rdmamig_conn_negotiated_postcopy_recovery(conn, &recovery));
     EXPECT(recovery);
     EXPECT_STATUS(rdmamig_conn_negotiated_postcopy_recovery(conn, NULL), RDMAMIG_ERR_NULL_PARAMETER);
+    bool authenticated = false;
+    TRY(conn, rdmamig_conn_negotiated_authenticated(conn, &authenticated));
+    EXPECT(authenticated);
+    EXPECT_STATUS(rdmamig_conn_negotiated_authenticated(conn, NULL), RDMAMIG_ERR_NULL_PARAMETER);
 
     /* Before post-copy: idle, and the argument checks. */
     rdmamig_postcopy_progress p = {.size = sizeof p};
@@ -353,11 +361,13 @@ static int source(unsigned mib, uint16_t port, int checked_fd) {
     EXPECT(ram);
     TRY(NULL, rdmamig_config_set_timeout_ms(cfg, SETUP_TIMEOUT_MS));
     TRY(NULL, rdmamig_config_set_postcopy_recovery_ms(cfg, RECOVERY_MS));
+    TRY(NULL, rdmamig_config_set_auth_key(cfg, KEY, sizeof KEY));
     TRY(NULL, rdmamig_connect(rdma_ip(), port, cfg, ram, &conn));
-    bool extensions = false, recovery = false;
+    bool extensions = false, recovery = false, authenticated = false;
     TRY(conn, rdmamig_conn_negotiated(conn, NULL, &extensions));
     TRY(conn, rdmamig_conn_negotiated_postcopy_recovery(conn, &recovery));
-    EXPECT(extensions && recovery);
+    TRY(conn, rdmamig_conn_negotiated_authenticated(conn, &authenticated));
+    EXPECT(extensions && recovery && authenticated);
 
     rdmamig_stale_pages entry = {.block = 0, .bitmap = bitmap, .bitmap_words = words};
     rdmamig_postcopy_summary summary = {0};

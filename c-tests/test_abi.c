@@ -78,6 +78,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_return_path(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_max_bandwidth(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_postcopy_recovery_ms(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_handshake_timeout_ms(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
     passed++;
 
@@ -97,6 +98,8 @@ static void test_null_and_config(void) {
         rdmamig_last_error_message(msg, sizeof msg);
         CHECK(strcmp(msg, "rdmamig_config_set_tos: config is NULL") == 0);
     }
+    CHECK_STATUS(rdmamig_config_set_handshake_timeout_ms(c, 2000), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_handshake_timeout_ms(c, 0), RDMAMIG_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 2000), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK); /* off */
     CHECK_STATUS(rdmamig_config_set_postcopy_recovery_ms(c, 30000), RDMAMIG_OK);
@@ -204,6 +207,7 @@ static void test_migration_api_args(void) {
     CHECK_STATUS(rdmamig_conn_close(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_negotiated(NULL, &b, &b), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_negotiated_postcopy_recovery(NULL, &b), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_conn_negotiated_authenticated(NULL, &b), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_iteration_begin(NULL), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_save(NULL, 0, 0, 4096), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_conn_iteration_end(NULL), RDMAMIG_ERR_NULL_PARAMETER);
