@@ -89,7 +89,7 @@ impl Service {
         observer: Option<Observer>,
         config: &Config,
     ) -> Service {
-        let mut dispatcher = Dispatcher::new(ram, link.negotiated, shared.counters.clone());
+        let mut dispatcher = Dispatcher::new(ram, link.negotiated, shared.counters.clone(), link.stop.clone());
         if let Some(observer) = observer {
             dispatcher.set_observer(observer);
         }
