@@ -203,9 +203,14 @@ fn doctor_text_and_usage_errors() {
         assert!(text.contains("[fail] devices: no RDMA device on this host"), "{text}");
         assert_eq!(out.status.code(), Some(1));
     }
-    for args in
-        [&["doctor", "--guest-size", "0"][..], &["doctor", "--bogus"], &["bench"], &["bench", "--size", "1Q", "x"]]
-    {
+    for args in [
+        &["doctor", "--guest-size", "0"][..],
+        &["doctor", "--bogus"],
+        &["bench"],
+        &["bench", "--size", "1Q", "x"],
+        // A key needs rdmamig's extensions.
+        &["bench", "--key-file", "k", "--qemu-compat", "x"],
+    ] {
         let out = Command::new(exe()).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: usage error");
     }
@@ -256,6 +261,7 @@ fn help_and_man_pages_cover_every_option() {
                 "\\-\\-dirty\\-rate",
                 "\\-\\-pin\\-all",
                 "\\-\\-qemu\\-compat",
+                "\\-\\-key\\-file",
                 "\\-\\-json",
             ][..],
         ),
