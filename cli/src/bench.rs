@@ -5,7 +5,10 @@
 //! sends the SHA-256 of its final RAM through the migration stream; the
 //! destination compares its own.
 
-use std::io::IsTerminal;
+use std::fs::File;
+use std::io::{IsTerminal, Read as _};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,10 +17,12 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rdmamig::doctor::human;
 use rdmamig::{
-    Config, Destination, Ending, Listener, PostcopyPhase, PostcopyProgress, RamBlocks, Read, Source, StalePages,
+    AuthKey, Config, Destination, Ending, Listener, LogLevel, PostcopyPhase, PostcopyProgress, RamBlocks, Read, Source,
+    StalePages,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
 
 use crate::vcpus::Vcpus;
 use crate::BenchArgs;
@@ -30,9 +35,18 @@ pub(crate) const PAGE: u64 = 4096;
 const TICK: Duration = Duration::from_millis(100);
 /// The first line of the migration stream: what the source migrates.
 const HELLO: &str = "rdmamig-bench 1";
+/// Bytes read from a key file at most: more than any key has.
+const KEY_FILE_LIMIT: u64 = 64 << 10;
 
 pub fn run(args: BenchArgs) -> ExitCode {
     let show = !args.json && std::io::stderr().is_terminal();
+    // The library's errors come back as this program's results; its warnings would go unsaid.
+    let warn = |level, message: &str| {
+        if level == LogLevel::Warn {
+            eprintln!("rdmamig bench: {message}");
+        }
+    };
+    rdmamig::set_log_hook(Some(Box::new(warn)), LogLevel::Warn).expect("set before any connection");
     let result = match &args.listen {
         Some(listen) => destination(&args, listen, show),
         None => source(&args, args.dest.as_deref().unwrap_or_default(), show),
@@ -300,6 +314,7 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
     if args.size % PAGE != 0 {
         return Err(format!("--size must be a multiple of {PAGE} bytes"));
     }
+    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..config(args)? };
     let ram = Ram::new(args.size)?;
     let pages = ram.pages();
     let mut rng = args.seed;
@@ -307,7 +322,6 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
         ram.fill_page(page, &mut rng);
     }
     let registry = ram.registry()?;
-    let config = Config { pin_all: args.pin_all, extensions: !args.qemu_compat, ..config(args) };
     if show {
         eprintln!(
             "rdmamig bench: {} guest to {host}:{port}, {}, dirty rate {} pages/s",
@@ -415,6 +429,7 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
         "pin_all": negotiated.pin_all,
         "pin_all_requested": args.pin_all,
         "extensions": negotiated.extensions,
+        "authenticated": negotiated.authenticated,
         "rounds": rounds.len(),
         "round_details": rounds,
         "pages_dirtied": changed.load(Ordering::Relaxed),
@@ -443,11 +458,11 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
 
 fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, bool), String> {
     let (host, port) = split_addr(listen)?;
+    // Allows pin-all; the source decides.
+    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..config(args)? };
     // Shared with the vCPU threads, which may outlive a failed post-copy (blocked on a page).
     let ram = Arc::new(Ram::new(args.size)?);
     let registry = ram.registry()?;
-    // Allows pin-all; the source decides.
-    let config = Config { pin_all: true, extensions: !args.qemu_compat, ..config(args) };
     let listener = Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {e}"))?;
     // Always said (tests wait for it), on stderr: stdout is the result's.
     eprintln!("rdmamig bench: listening on {host}:{}, guest {}", listener.port(), human(args.size));
@@ -544,6 +559,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
         "source": hello,
         "pin_all": negotiated.pin_all,
         "extensions": negotiated.extensions,
+        "authenticated": negotiated.authenticated,
         "windows": windows,
         "seconds": secs,
         "chunks_registered": stats.chunks_registered,
@@ -575,8 +591,28 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
 }
 
 /// What both sides take from the command line.
-fn config(args: &BenchArgs) -> Config {
-    Config { postcopy_recovery: args.postcopy_recovery.map(|s| Duration::from_secs(s.into())), ..Config::default() }
+fn config(args: &BenchArgs) -> Result<Config, String> {
+    Ok(Config {
+        postcopy_recovery: args.postcopy_recovery.map(|s| Duration::from_secs(s.into())),
+        auth_key: args.key_file.as_deref().map(read_key).transpose()?,
+        ..Config::default()
+    })
+}
+
+/// The pre-shared key in `path`: the file's bytes as they are, from a file
+/// only its owner may read or write (like ssh's private keys). The bytes
+/// read are wiped once the key has its own copy.
+fn read_key(path: &Path) -> Result<AuthKey, String> {
+    let refused = |why: String| format!("--key-file {}: {why}", path.display());
+    let mut file = File::open(path).map_err(|e| refused(e.to_string()))?;
+    let mode = file.metadata().map_err(|e| refused(e.to_string()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(refused(format!("group or others may access it (mode {:o}): chmod 600 it", mode & 0o777)));
+    }
+    // Room for all it may read: the vector never moves (leaving a copy behind).
+    let mut key = Zeroizing::new(Vec::with_capacity(KEY_FILE_LIMIT as usize + 1));
+    file.by_ref().take(KEY_FILE_LIMIT).read_to_end(&mut key).map_err(|e| refused(e.to_string()))?;
+    AuthKey::new(&key).map_err(|e| refused(e.message))
 }
 
 fn postcopy_bar_for(show: bool, pages: u64) -> ProgressBar {
@@ -633,6 +669,7 @@ fn print_summary(v: &Value) {
                 if v["pin_all"].as_bool() == Some(true) { "pin-all" } else { "dynamic registration" },
                 if v["extensions"].as_bool() == Some(true) { "on" } else { "off (QEMU's protocol)" }
             );
+            print_authenticated(v);
             println!("  total time         {:.3} s (connect {:.3} s)", num("total_seconds"), num("connect_seconds"));
             println!(
                 "  rounds             {} ({} pages dirtied at {} pages/s)",
@@ -660,6 +697,7 @@ fn print_summary(v: &Value) {
         Some("destination") if v.get("windows").is_some() => {
             println!("rdmamig bench summary (destination)");
             println!("  guest              {}", human(int("size_bytes")));
+            print_authenticated(v);
             println!("  windows            {} in {:.3} s", int("windows"), num("seconds"));
             println!("  chunks registered  {}, zero chunks {}", int("chunks_registered"), int("zero_chunks"));
             println!("  pinned peak        {}", human(int("pinned_bytes_peak")));
@@ -686,6 +724,15 @@ fn print_summary(v: &Value) {
     if let Some(e) = err {
         eprintln!("rdmamig bench: {e}");
     }
+}
+
+/// Whether the peer proved the pre-shared key, on either side's summary.
+fn print_authenticated(v: &Value) {
+    let how = match v["authenticated"].as_bool() {
+        Some(true) => "yes (pre-shared key)",
+        _ => "no",
+    };
+    println!("  peer authenticated {how}");
 }
 
 /// The post-copy lines of either side's summary (`pc`: its "postcopy" object, null if it did not finish).
@@ -731,6 +778,33 @@ mod tests {
         let words = d.take();
         assert_eq!(words, vec![1, 0, 2]);
         assert_eq!(d.count(), 0);
+    }
+
+    #[test]
+    fn key_files() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::env::temp_dir().join(format!("rdmamig-bench-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, mode: u32, bytes: &[u8]| {
+            let path = dir.join(name);
+            let _ = std::fs::remove_file(&path);
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&path).unwrap();
+            std::io::Write::write_all(&mut f, bytes).unwrap();
+            path
+        };
+        let refused = |path: &Path, words: &[&str]| {
+            let e = read_key(path).map(drop).unwrap_err();
+            assert!(words.iter().all(|w| e.contains(w)), "{words:?} not in: {e}");
+        };
+        let key = b"0123456789abcdef0123456789abcdef\n";
+        assert_eq!(read_key(&file("own", 0o600, key)).unwrap(), AuthKey::new(key).unwrap(), "the bytes as they are");
+        assert!(read_key(&file("read-only", 0o400, key)).is_ok());
+        refused(&file("group", 0o640, key), &["--key-file", "group", "mode 640", "chmod 600"]);
+        refused(&file("others", 0o604, key), &["mode 604"]);
+        refused(&file("short", 0o600, &key[..15]), &["16 to 1024", "not 15"]);
+        refused(&file("long", 0o600, &[7; 1025]), &["not 1025"]);
+        refused(&dir.join("missing"), &["missing"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -106,6 +106,11 @@ struct DoctorArgs {
 /// pulls the stale pages itself with RDMA READs while --vcpus threads read
 /// random guest pages (a progress bar shows the pages remaining); both
 /// summaries add the post-copy pages, faults served, bytes pulled and time.
+///
+/// With --key-file on both sides each proves the pre-shared key to the other
+/// before any guest memory is registered; both summaries say whether the
+/// peer was authenticated. The library's warnings (a source refused, pinning
+/// the kernel refused) go to stderr.
 #[derive(Args, Debug)]
 #[command(after_help = "Exit status: 0 the migration completed (destination: and the memory is byte-identical), \
                         1 it failed, 2 usage error.\n\n\
@@ -160,6 +165,14 @@ struct BenchArgs {
     /// meanwhile) and the pull goes on. Without it a lost connection fails post-copy.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..))]
     postcopy_recovery: Option<u32>,
+    /// Both sides: authenticate the peer with the pre-shared key in FILE, the same file on
+    /// both hosts. The key is the file's bytes as they are, 16 to 1024 of them (a final
+    /// newline counts): random bytes, e.g. `head -c 32 /dev/urandom > bench.key`. The file
+    /// must be accessible to its owner only (chmod 600): it is refused otherwise. A side
+    /// with a key refuses a peer that does not prove the same key (a keyed destination goes
+    /// on listening and says so on stderr). Needs rdmamig's extensions (not --qemu-compat).
+    #[arg(long, value_name = "FILE", conflicts_with = "qemu_compat")]
+    key_file: Option<PathBuf>,
     /// Print one JSON object on stdout instead of the progress bars and summary.
     #[arg(long)]
     json: bool,

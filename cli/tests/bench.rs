@@ -4,8 +4,12 @@
 //! and the destination must find its memory byte-identical (the source's
 //! SHA-256 travels in the stream).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -123,6 +127,7 @@ fn bench_migrates_byte_identical_in_every_mode() {
     );
     check_migrated(&s, &d, SIZE, "completed", false);
     assert!(s["pages_dirtied"].as_u64().unwrap() > 0, "the guest was dirtied");
+    assert_eq!((&s["authenticated"], &d["authenticated"]), (&Value::Bool(false), &Value::Bool(false)), "no key");
     assert_eq!((sc, dc), (Some(0), Some(0)));
     // Pin-all.
     let ((s, sc), (d, dc)) = migrate(&["--size", size, "--dirty-rate", "2000", "--pin-all"], &["--size", size]);
@@ -231,4 +236,77 @@ fn bench_fails_cleanly_when_the_sizes_differ() {
     assert_eq!(d["ending"], "failed", "{d}");
     assert!(s["error"].as_str().is_some() && d["error"].as_str().is_some());
     assert_eq!((sc, dc), (Some(1), Some(1)));
+}
+
+/// A key file (owner-only, as the bench requires) holding `key`.
+fn key_file(dir: &Path, name: &str, key: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).unwrap();
+    f.write_all(key).unwrap();
+    path
+}
+
+/// `--key-file` on both sides: each proves the key to the other, and both
+/// summaries (JSON and text) say so. With different keys the source fails
+/// with an authentication error, and the destination refuses it and goes on
+/// listening, as it says on stderr.
+#[test]
+fn bench_with_a_key_file_on_both_sides_authenticates_the_peer() {
+    const SIZE: u64 = 16 << 20;
+    let dir = std::env::temp_dir().join(format!("rdmamig-bench-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = key_file(&dir, "key", b"rdmamig bench test: the shared key\n");
+    let other = key_file(&dir, "other", b"rdmamig bench test: another key\n");
+    let keyed = ["--size", "16M", "--key-file", key.to_str().unwrap()];
+    let ((s, sc), (d, dc)) = migrate(&keyed, &keyed);
+    check_migrated(&s, &d, SIZE, "completed", false);
+    assert_eq!((&s["authenticated"], &d["authenticated"]), (&Value::Bool(true), &Value::Bool(true)));
+    assert_eq!((sc, dc), (Some(0), Some(0)));
+
+    // The source's text summary.
+    let (dest, port) = spawn_destination(&keyed);
+    let src = Command::new(exe())
+        .args(["bench", &format!("{}:{port}", ip())])
+        .args(keyed)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("the source runs");
+    let text = String::from_utf8_lossy(&src.stdout);
+    println!("{text}");
+    assert!(text.contains("peer authenticated yes (pre-shared key)"), "{text}");
+    assert_eq!(src.status.code(), Some(0));
+    assert_eq!(dest.wait_with_output().expect("the destination ends").status.code(), Some(0));
+
+    // Different keys.
+    let (mut dest, port, dest_err) = start_destination(&keyed);
+    let (said, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in dest_err.lines().map_while(std::result::Result::ok) {
+            eprintln!("destination: {line}");
+            let _ = said.send(line);
+        }
+    });
+    let src = Command::new(exe())
+        .args(["bench", "--json", &format!("{}:{port}", ip())])
+        .args(["--size", "16M", "--key-file", other.to_str().unwrap()])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("the source runs");
+    let s: Value = serde_json::from_slice(&src.stdout).expect("the source's --json");
+    println!("source: {s}");
+    assert_eq!(src.status.code(), Some(1));
+    assert_eq!(s["ending"], "failed");
+    assert!(s["error"].as_str().is_some_and(|e| e.starts_with("connect: Auth: ")), "{s}");
+    let refusal = loop {
+        let line = lines.recv_timeout(Duration::from_secs(30)).expect("the destination says it refused the source");
+        if line.contains("still listening") {
+            break line;
+        }
+    };
+    assert!(refusal.contains("authenticate"), "{refusal}");
+    assert!(dest.try_wait().unwrap().is_none(), "the destination stopped listening");
+    dest.kill().unwrap();
+    let _ = dest.wait();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

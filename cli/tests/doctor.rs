@@ -203,11 +203,44 @@ fn doctor_text_and_usage_errors() {
         assert!(text.contains("[fail] devices: no RDMA device on this host"), "{text}");
         assert_eq!(out.status.code(), Some(1));
     }
-    for args in
-        [&["doctor", "--guest-size", "0"][..], &["doctor", "--bogus"], &["bench"], &["bench", "--size", "1Q", "x"]]
-    {
+    for args in [
+        &["doctor", "--guest-size", "0"][..],
+        &["doctor", "--bogus"],
+        &["bench"],
+        &["bench", "--size", "1Q", "x"],
+        // A key needs rdmamig's extensions.
+        &["bench", "--key-file", "k", "--qemu-compat", "x"],
+    ] {
         let out = Command::new(exe()).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: usage error");
+    }
+}
+
+/// Output into a pipe whose reader is gone (`| head` that stopped): every
+/// command ends by SIGPIPE, quietly, as command-line tools do, and does not
+/// panic (Rust ignores SIGPIPE unless told; `cli/tests/fabric.rs` has the
+/// reader that stops after the first bytes).
+#[test]
+fn every_command_ends_quietly_when_its_output_pipe_is_closed() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+
+    // The pipe's reader is gone before the program starts: its first write fails.
+    let closed_pipe = || {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills both descriptors, each owned once below.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(reader);
+        Stdio::from(writer)
+    };
+    // The bench fails before any RDMA use (the size is not a page multiple): its JSON still goes out.
+    for args in [&["doctor"][..], &["doctor", "--json"], &["bench", "--json", "--size", "1000", "x"], &["--help"]] {
+        let out = Command::new(exe()).args(args).stdout(closed_pipe()).output().expect("rdmamig runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{args:?}: {:?}: {stderr}", out.status);
     }
 }
 
@@ -228,6 +261,7 @@ fn help_and_man_pages_cover_every_option() {
                 "\\-\\-dirty\\-rate",
                 "\\-\\-pin\\-all",
                 "\\-\\-qemu\\-compat",
+                "\\-\\-key\\-file",
                 "\\-\\-json",
             ][..],
         ),

@@ -217,7 +217,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let postcopy_recovery = extensions && mode & MODE_RECOVERY != 0;
     let negotiated = Negotiated { extensions, pin_all, authenticated: false, postcopy_recovery };
-    let mut dispatcher = Dispatcher::<FakePins>::new(arena.ram.clone(), negotiated, Arc::new(Counters::new()));
+    let counters = Arc::new(Counters::new());
+    let mut dispatcher = Dispatcher::<FakePins>::new(arena.ram.clone(), negotiated, counters, Arc::default());
     let mut pin_all_pending = pin_all;
     let mut zeroed = false;
     while !rest.is_empty() {

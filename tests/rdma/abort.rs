@@ -1,12 +1,15 @@
-//! Abort: the destination process dies in the middle of a transfer.
+//! Abort: the destination process dies in the middle of a transfer; a
+//! destination whose link failed under it ends at once.
 
 use std::process::{Child, Command};
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdmamig::{Config, Destination, Source};
+use rdmamig::test_hooks::SEVER_AFTER_WINDOWS;
+use rdmamig::{Config, Destination, ErrorKind, Source};
 
-use crate::migration::{listen, live_mrs, one_block, open_fds, rdma_ip, GuestRam, PAGE};
+use crate::migration::{connect, listen, live_mrs, one_block, open_fds, rdma_ip, GuestRam, PAGE};
 
 const MIB: u64 = 1 << 20;
 const RAM: u64 = 64 * MIB;
@@ -102,4 +105,34 @@ fn source_call_fails_fast_when_destination_is_killed() {
     let _ = std::fs::remove_file(&port_file);
     assert_eq!(live_mrs(), mrs_before, "memory regions left registered");
     assert_eq!(open_fds(), fds_before, "file descriptors leaked");
+}
+
+/// A destination whose QP failed under it (severed: a work request
+/// completed in error) ends, and closes, without waiting out the ERROR's
+/// grace (1 s): no ERROR can reach the source on that QP, and the credit it
+/// waited for could not come.
+#[test]
+fn destination_whose_qp_failed_ends_without_the_error_grace() {
+    const BOUND: Duration = Duration::from_millis(300);
+    const LEN: u64 = 8 * MIB;
+    let (src, dst) = (GuestRam::new(LEN, 0x5C), GuestRam::new(LEN, 0));
+    let config = Config::default();
+    let (source, dest) = connect(&one_block(&src, LEN), &config, one_block(&dst, LEN), &config);
+    SEVER_AFTER_WINDOWS.store(1, Ordering::Relaxed);
+    source.iteration_begin().unwrap();
+    source.save(0, 0, LEN).unwrap();
+    source.iteration_end().unwrap();
+    let window_closed = Instant::now();
+    let end = dest.wait_end(Some(Duration::from_secs(10)));
+    let ended = window_closed.elapsed();
+    let closing = Instant::now();
+    dest.close();
+    let closed = closing.elapsed();
+    assert_eq!(SEVER_AFTER_WINDOWS.swap(0, Ordering::Relaxed), 0, "the link was not severed");
+    let err = end.unwrap_err();
+    eprintln!("the destination ended {ended:?} after the window closed ({err}), close took {closed:?}");
+    assert_eq!(err.kind, ErrorKind::Verbs, "{err}");
+    assert!(ended < BOUND, "the destination ended {ended:?} after its QP failed");
+    assert!(closed < BOUND, "close took {closed:?}");
+    assert!(source.close().is_err(), "the source completed a migration whose destination failed");
 }

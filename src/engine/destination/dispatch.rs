@@ -5,7 +5,12 @@
 //! `wire::decode_message` and knows nothing of the connection: the service
 //! thread feeds it from the link, the fuzz target from arbitrary bytes.
 
+mod registered;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use registered::Registered;
 
 use crate::engine::link::{protocol_error, Negotiated};
 use crate::engine::postcopy::{self, plan::PlanBlock};
@@ -104,15 +109,6 @@ impl Reply {
     }
 }
 
-/// What holds a chunk registered on this side (dynamic registration).
-enum ChunkReg<G> {
-    Free,
-    /// The first chunk of a registered range: owns its registration.
-    Owner(G),
-    /// A later chunk of the range whose first chunk is this index.
-    Covered(usize),
-}
-
 /// The destination's view of one connection's protocol state.
 pub struct Dispatcher<R: Registrar> {
     ram: RamBlocks,
@@ -123,10 +119,13 @@ pub struct Dispatcher<R: Registrar> {
     /// Both sides have post-copy recovery on: POSTCOPY_RECOVERY may come.
     postcopy_recovery: bool,
     counters: Arc<Counters>,
+    /// Set when the connection's owner aborts: a request that registers or
+    /// deregisters much memory stops between its entries.
+    stop: Arc<AtomicBool>,
     /// Local block index of each source block index (identity until the source describes its blocks).
     order: Vec<usize>,
-    /// Registered ranges per local block and chunk; pin-all keeps one whole-block registration.
-    chunks: Vec<Vec<ChunkReg<R::Registration>>>,
+    /// Registered chunk ranges per local block; pin-all keeps one whole-block registration instead.
+    chunks: Vec<Registered<R::Registration>>,
     whole: Vec<Option<R::Registration>>,
     /// A registration message arrived and REGISTER_FINISHED has not yet.
     in_window: bool,
@@ -153,9 +152,10 @@ fn protocol(message: String) -> Error {
 }
 
 impl<R: Registrar> Dispatcher<R> {
-    pub fn new(ram: RamBlocks, negotiated: Negotiated, counters: Arc<Counters>) -> Self {
+    /// `stop`: the connection's abort flag.
+    pub fn new(ram: RamBlocks, negotiated: Negotiated, counters: Arc<Counters>, stop: Arc<AtomicBool>) -> Self {
         let Negotiated { extensions, pin_all, postcopy_recovery, .. } = negotiated;
-        let chunks = ram.blocks().iter().map(|b| (0..b.chunk_count()).map(|_| ChunkReg::Free).collect()).collect();
+        let chunks = ram.blocks().iter().map(|_| Registered::default()).collect();
         let whole = ram.blocks().iter().map(|_| None).collect();
         let order = (0..ram.len()).collect();
         Dispatcher {
@@ -164,6 +164,7 @@ impl<R: Registrar> Dispatcher<R> {
             pin_all,
             postcopy_recovery,
             counters,
+            stop,
             order,
             chunks,
             whole,
@@ -183,6 +184,14 @@ impl<R: Registrar> Dispatcher<R> {
         if let Some(observer) = &mut self.observer {
             observer(&event);
         }
+    }
+
+    /// Fails once the connection's owner aborted.
+    fn check_stop(&self) -> Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::Aborted, "closed while serving a registration request"));
+        }
+        Ok(())
     }
 
     /// A registration-channel message arrived: the window is open until REGISTER_FINISHED.
@@ -329,6 +338,7 @@ impl<R: Registrar> Dispatcher<R> {
     fn register(&mut self, requests: &[RegisterRequest], registrar: &mut R) -> Result<Reply> {
         let mut results = Vec::with_capacity(requests.len());
         for r in requests {
+            self.check_stop()?;
             let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
             let (first, last) = validate::register_span(block, r)?;
             let host_addr = block.host as u64;
@@ -359,22 +369,16 @@ impl<R: Registrar> Dispatcher<R> {
     /// so each pinned byte is counted once; a request that overlaps an
     /// existing registration only in part is refused.
     fn register_chunks(&mut self, local: usize, first: usize, last: usize, registrar: &mut R) -> Result<u32> {
-        let regs = &mut self.chunks[local];
-        let owner = match regs[first] {
-            ChunkReg::Covered(o) => Some(o),
-            ChunkReg::Owner(_) => Some(first),
-            ChunkReg::Free => None,
-        };
-        if let Some(o) = owner {
-            let covers = (first..=last).all(|c| c == o || matches!(regs[c], ChunkReg::Covered(x) if x == o));
-            return match &regs[o] {
-                ChunkReg::Owner(reg) if covers => Ok(R::rkey(reg)),
-                _ => Err(protocol(format!(
+        let regs = &self.chunks[local];
+        if let Some((o, span)) = regs.covering(first) {
+            if span.last < last {
+                return Err(protocol(format!(
                     "register request for chunks {first}..={last} overlaps the registration at chunk {o} in part"
-                ))),
-            };
+                )));
+            }
+            return Ok(R::rkey(&span.registration));
         }
-        if let Some(c) = (first..=last).find(|&c| !matches!(regs[c], ChunkReg::Free)) {
+        if let Some(c) = regs.first_start_in(first, last) {
             return Err(protocol(format!(
                 "register request for chunks {first}..={last} overlaps the registration of chunk {c}"
             )));
@@ -396,10 +400,7 @@ impl<R: Registrar> Dispatcher<R> {
         let reg = unsafe { registrar.register_remote(block.host_ptr(start), len)? };
         let rkey = R::rkey(&reg);
         Counters::add(&self.counters.chunks_registered, (last - first + 1) as u64);
-        regs[first] = ChunkReg::Owner(reg);
-        for reg in &mut regs[first + 1..=last] {
-            *reg = ChunkReg::Covered(first);
-        }
+        self.chunks[local].insert(first, last, reg);
         Ok(rkey)
     }
 
@@ -408,26 +409,19 @@ impl<R: Registrar> Dispatcher<R> {
     /// lost track of what it registered (QEMU would dereference a null MR).
     fn unregister(&mut self, requests: &[RegisterRequest], registrar: &mut R) -> Result<Reply> {
         for r in requests {
+            self.check_stop()?;
             let (local, block) = validate::local_block(&self.order, &self.ram, r.block_index)?;
             let chunk = validate::unregister_chunk(block, r)?;
-            let regs = &mut self.chunks[local];
-            let owner = match regs[chunk] {
-                ChunkReg::Covered(o) => o,
-                _ => chunk,
-            };
-            let ChunkReg::Owner(reg) = std::mem::replace(&mut regs[owner], ChunkReg::Free) else {
+            let Some((owner, span)) = self.chunks[local].remove_covering(chunk) else {
                 return Err(protocol(format!(
                     "unregister of chunk {chunk} of block '{}', which is not registered",
                     block.name
                 )));
             };
-            registrar.release_remote(reg);
+            registrar.release_remote(span.registration);
             Counters::add(&self.counters.unpins, 1);
-            let covered =
-                regs[owner + 1..].iter_mut().take_while(|r| matches!(r, ChunkReg::Covered(o) if *o == owner)).count();
-            regs[owner + 1..=owner + covered].iter_mut().for_each(|reg| *reg = ChunkReg::Free);
             let (offset, _) = block.chunk_range(owner);
-            let len = block.chunk_range(owner + covered).1 - offset;
+            let len = block.chunk_range(span.last).1 - offset;
             self.observe(Event::Unregistered { block: local, offset, len });
         }
         Ok(Reply::UnregisterFinished(requests.len() as u32))
@@ -455,10 +449,7 @@ impl<R: Registrar> Dispatcher<R> {
     /// Hands every registration back to `registrar`, whole blocks first:
     /// at the end, or when post-copy starts (the source writes no more).
     pub fn release_all(&mut self, registrar: &mut R) {
-        let owners = self.chunks.iter_mut().flatten().filter_map(|c| match std::mem::replace(c, ChunkReg::Free) {
-            ChunkReg::Owner(reg) => Some(reg),
-            _ => None,
-        });
+        let owners = self.chunks.iter_mut().flat_map(Registered::drain);
         for reg in self.whole.iter_mut().filter_map(Option::take).chain(owners) {
             registrar.release_remote(reg);
         }
@@ -491,17 +482,22 @@ fn zero_populated(block: &RamBlock, offset: u64, len: u64) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
     use crate::engine::page_buffer::PageBuffer;
-    use crate::wire::{decode_message, PostcopyBlock, CHUNK_SIZE, CONTROL_BUFFER_SIZE};
+    use crate::wire::{decode_message, PostcopyBlock, CHUNK_SIZE, CONTROL_BUFFER_SIZE, MAX_REPEAT};
 
     const MIB: u64 = CHUNK_SIZE;
+    const TIB: u64 = 1 << 40;
 
     /// Registrations as bare keys; `live` holds those not yet released.
     #[derive(Default)]
     struct Keys {
         next: u32,
         live: Vec<u32>,
+        /// Set with each registration: the hypervisor aborts meanwhile.
+        abort: Option<Arc<AtomicBool>>,
     }
 
     impl Registrar for Keys {
@@ -512,6 +508,9 @@ mod tests {
         }
 
         unsafe fn register_remote(&mut self, _ptr: *mut u8, _len: u64) -> Result<u32> {
+            if let Some(stop) = &self.abort {
+                stop.store(true, Ordering::Relaxed);
+            }
             self.next += 1;
             self.live.push(self.next);
             Ok(self.next)
@@ -527,11 +526,71 @@ mod tests {
         }
     }
 
-    /// One 3 MiB block "a" at RAM offset 16 MiB, over real memory.
-    struct Fixture {
-        _mem: PageBuffer,
+    /// One block "a" at RAM offset 16 MiB over `M`: 3 MiB of real memory,
+    /// or address space only ([`Reserved`]).
+    struct Fixture<M = PageBuffer> {
+        _mem: M,
         dispatcher: Dispatcher<Keys>,
         keys: Keys,
+    }
+
+    /// Address space, none of it committed (MAP_NORESERVE) or touched: `Keys` never touches memory.
+    struct Reserved {
+        ptr: *mut u8,
+        len: usize,
+    }
+
+    impl Reserved {
+        fn new(len: u64) -> Reserved {
+            let len = len as usize;
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+            // SAFETY: a fresh mapping the kernel places; unmapped on drop.
+            let ptr =
+                unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+            assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes: {}", std::io::Error::last_os_error());
+            Reserved { ptr: ptr.cast(), len }
+        }
+    }
+
+    impl Drop for Reserved {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `new`.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
+    }
+
+    impl Fixture<Reserved> {
+        /// A block of `len` bytes of address space, registered whole: by
+        /// pin-all, or by one REGISTER_REQUEST entry naming all its chunks.
+        fn whole(len: u64, pin_all: bool) -> Fixture<Reserved> {
+            let mem = Reserved::new(len);
+            let mut ram = RamBlocks::new();
+            // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
+            unsafe { ram.add("a", mem.ptr, 16 * MIB, len).unwrap() };
+            let negotiated = Negotiated { extensions: true, pin_all, authenticated: false, postcopy_recovery: false };
+            let dispatcher = Dispatcher::new(ram, negotiated, Arc::new(Counters::new()), Arc::default());
+            let mut f = Fixture { _mem: mem, dispatcher, keys: Keys::default() };
+            if pin_all {
+                assert!(matches!(f.send::<BlockSpec>(CommandType::RamBlocksRequest, &[]).unwrap(), Step::Blocks));
+                // SAFETY: `Keys` touches no memory.
+                let whole = unsafe { f.keys.register_remote(std::ptr::null_mut(), len).unwrap() };
+                f.dispatcher.pinned_all(vec![whole]);
+            } else {
+                f.register(0, len / MIB - 1);
+            }
+            f
+        }
+    }
+
+    /// A full REGISTER_REQUEST ([`MAX_REPEAT`] entries) over a block of
+    /// `chunks` chunks: each from a chunk spread over the block to its end.
+    fn to_the_end(chunks: u64) -> Vec<RegisterRequest> {
+        let n = u64::from(MAX_REPEAT);
+        let step = chunks / n;
+        assert!(step > 0, "a block of at least {n} chunks");
+        (0..n)
+            .map(|i| RegisterRequest { key: 16 * MIB + i * step * MIB, block_index: 0, chunks: chunks - 1 - i * step })
+            .collect()
     }
 
     impl Fixture {
@@ -542,10 +601,12 @@ mod tests {
             // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
             unsafe { ram.add("a", mem.ptr(), 16 * MIB, 3 * MIB).unwrap() };
             let negotiated = Negotiated { extensions, pin_all, authenticated: false, postcopy_recovery: false };
-            let dispatcher = Dispatcher::new(ram, negotiated, Arc::new(Counters::new()));
+            let dispatcher = Dispatcher::new(ram, negotiated, Arc::new(Counters::new()), Arc::default());
             Fixture { _mem: mem, dispatcher, keys: Keys::default() }
         }
+    }
 
+    impl<M> Fixture<M> {
         /// Sends one message built from `entries` through the wire codec.
         fn send<E: Entry>(&mut self, kind: CommandType, entries: &[E]) -> Result<Step> {
             let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
@@ -623,6 +684,61 @@ mod tests {
         assert_eq!(trips(&f), 2);
         refused(f.unregister(&[1]), &["chunk 1", "not registered"]);
         assert_eq!(f.keys.live, [whole]);
+    }
+
+    /// Issue 31: after a whole-block registration each entry of a
+    /// REGISTER_REQUEST looked at every chunk of the block (4096 entries on a
+    /// 4 TiB block: 1.6 × 10^10 steps, the service thread stalled and close
+    /// with it). Now each is one lookup, with either kind of whole-block
+    /// registration.
+    #[test]
+    fn a_full_register_request_after_a_whole_block_registration_is_served_at_once() {
+        for pin_all in [false, true] {
+            let mut f = Fixture::whole(4 * TIB, pin_all);
+            let whole = f.keys.live.clone();
+            let requests = to_the_end(4 * TIB / MIB);
+            let start = Instant::now();
+            let step = f.send(CommandType::RegisterRequest, &requests).unwrap();
+            let served = start.elapsed();
+            let Step::Answer(Reply::RegisterResult(results)) = step else { panic!("{step:?}") };
+            assert_eq!(results.len(), requests.len());
+            assert!(results.iter().all(|r| [r.rkey] == whole[..]), "pin-all {pin_all}: not the whole block's key");
+            assert_eq!(f.keys.live, whole, "registered again");
+            assert!(served < Duration::from_millis(50), "pin-all {pin_all}: served in {served:?}");
+        }
+    }
+
+    /// As above, counted: one lookup per entry, however many chunks the
+    /// registration that answers covers.
+    #[test]
+    fn each_entry_of_a_register_request_is_one_lookup() {
+        const LEN: u64 = 8 << 30;
+        let mut f = Fixture::whole(LEN, false);
+        let lookups = |f: &Fixture<Reserved>| f.dispatcher.chunks[0].lookups.get();
+        let before = lookups(&f);
+        let requests = to_the_end(LEN / MIB);
+        assert!(matches!(f.send(CommandType::RegisterRequest, &requests).unwrap(), Step::Answer(_)));
+        assert_eq!(lookups(&f) - before, requests.len() as u64);
+        // Unregistering through any of its chunks: one lookup too.
+        f.unregister(&[LEN / MIB / 2]).unwrap();
+        assert_eq!(lookups(&f) - before, requests.len() as u64 + 1);
+        assert!(f.keys.live.is_empty());
+    }
+
+    /// The connection's abort stops a registration request (and an
+    /// unregistration request) between its entries.
+    #[test]
+    fn an_abort_stops_a_register_request_between_entries() {
+        let mut f = Fixture::new(true, false);
+        f.keys.abort = Some(f.dispatcher.stop.clone());
+        let entries = [0, 1, 2].map(|c| RegisterRequest { key: 16 * MIB + c * MIB, block_index: 0, chunks: 0 });
+        let e = f.send(CommandType::RegisterRequest, &entries).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Aborted, "{e}");
+        assert_eq!(f.keys.live, [1], "registered after the abort");
+        let e = f.unregister(&[0]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Aborted, "{e}");
+        f.dispatcher.release_all(&mut f.keys);
+        assert!(f.keys.live.is_empty());
     }
 
     /// Once POSTCOPY arrives the guest may run here: the registrations go

@@ -11,6 +11,8 @@ pub(crate) mod dispatch;
 
 pub use dispatch::Observer;
 mod service;
+#[cfg(feature = "rdma-tests")]
+pub use service::SEVER_AFTER_WINDOWS;
 
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;

@@ -21,6 +21,13 @@ use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{CommandType, PostcopyRecovery};
 use crate::{Error, ErrorKind, Result};
 
+/// Test hook (`rdma-tests`): once a destination has completed this many
+/// iteration windows, its QPs go to the error state without a connection
+/// event (a lost link), before it grants the source its next credit; once.
+/// 0: off.
+#[cfg(feature = "rdma-tests")]
+pub static SEVER_AFTER_WINDOWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Stream bytes buffered at most before the service thread stops granting credits.
 const MAX_BUFFERED_STREAM: usize = 256 << 20;
 
@@ -89,7 +96,7 @@ impl Service {
         observer: Option<Observer>,
         config: &Config,
     ) -> Service {
-        let mut dispatcher = Dispatcher::new(ram, link.negotiated, shared.counters.clone());
+        let mut dispatcher = Dispatcher::new(ram, link.negotiated, shared.counters.clone(), link.stop.clone());
         if let Some(observer) = observer {
             dispatcher.set_observer(observer);
         }
@@ -190,6 +197,10 @@ impl Service {
                     let n = state.iterations;
                     drop(state);
                     logging::debug(format_args!("destination: iteration window {n} complete"));
+                    #[cfg(feature = "rdma-tests")]
+                    if SEVER_AFTER_WINDOWS.compare_exchange(n, 0, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                        self.link.sever_for_test()?;
+                    }
                 }
                 Step::Answer(reply) => self.answer(&reply)?,
                 Step::Blocks => {

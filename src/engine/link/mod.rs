@@ -162,6 +162,9 @@ pub(crate) struct Link {
     lost: Option<Error>,
     /// That event was the peer's disconnect (not a device removal).
     closed_by_peer: bool,
+    /// A work request completed in error: an RC QP is then in the error
+    /// state, and nothing posted on it reaches the peer any more.
+    qp_failed: bool,
     /// Tags of RDMA READs completed and not yet taken (`take_reads`).
     reads_done: Vec<u64>,
     /// Post-copy's second QP, for fault reads (`fault_qp`), on `pd` and `cq`.
@@ -230,6 +233,7 @@ impl Link {
             writes: WriteList::default(),
             lost: None,
             closed_by_peer: false,
+            qp_failed: false,
             reads_done: Vec::new(),
             fault_qp: None,
             session: None,
@@ -306,6 +310,7 @@ impl Link {
     fn complete(&mut self, wc: &WorkCompletion) -> Result<()> {
         let id = wc.wr_id();
         if !wc.is_success() {
+            self.qp_failed = true;
             // Work requests flushed by the disconnect: `check_events` reports it.
             if self.lost.is_some() {
                 return Ok(());
@@ -825,11 +830,12 @@ impl Link {
     /// yet, the source's next message (the source posts before it sends). If
     /// that does not come, the peer learns of the end from the disconnect.
     pub fn send_error(&mut self) {
+        // Not on a link that is gone or whose QP failed: nothing can go.
         // Nor while the answer to a request without a deadline is owed: the
         // peer grants no credit before it answers, and that answer may be the
         // very work the failure ends (post-copy's whole pull, which would
         // then run on for the grace).
-        if self.lost.is_some() || matches!(self.pending, Some((_, None))) {
+        if self.lost.is_some() || self.qp_failed || matches!(self.pending, Some((_, None))) {
             return;
         }
         self.aborting = true;

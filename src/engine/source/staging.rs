@@ -12,11 +12,12 @@ use crate::verbs::{MemoryRegion, Sge};
 use crate::Result;
 
 pub(super) struct Staging {
-    /// Declared before `mem`, but the MR may outlive it on the unregistration
-    /// worker: that is sound because the QP is destroyed before the MR is
-    /// released (no access any more), and a registration holds its pages
-    /// until it is deregistered even when they are freed.
-    mr: Option<MemoryRegion>,
+    /// Declared before `mem` and never handed out: the ring is deregistered
+    /// before its memory is freed, whether dropped or `release`d. With
+    /// rdma-core's fork support on, `ibv_dereg_mr` madvises the range
+    /// (MADV_DOFORK), which must not reach memory freed (and perhaps mapped
+    /// anew) meanwhile.
+    mr: MemoryRegion,
     mem: PageBuffer,
     size: u64,
     /// Bytes ever handed out and ever freed: the ring holds `[tail, head)`.
@@ -30,9 +31,9 @@ impl Staging {
     /// A ring of `size` bytes (a page multiple), registered through `pins`.
     pub fn new(pins: &Pins, size: u64) -> Result<Staging> {
         let mem = PageBuffer::new(size as usize);
-        // SAFETY: `mem` lives as long as `self`; see `mr` for after.
+        // SAFETY: `mem` is freed after the registration is dropped (see `mr`).
         let mr = unsafe { pins.register(mem.ptr(), size, crate::verbs::Access::LOCAL_WRITE)? };
-        Ok(Staging { mr: Some(mr), mem, size, head: 0, tail: 0, inflight: VecDeque::new() })
+        Ok(Staging { mr, mem, size, head: 0, tail: 0, inflight: VecDeque::new() })
     }
 
     /// Copies `len` bytes of guest RAM at `src` into the ring and returns
@@ -54,8 +55,7 @@ impl Staging {
         }
         copy_racing(src, self.mem.ptr().add(at as usize), len as usize);
         self.head = start + len;
-        let mr = self.mr.as_ref()?;
-        mr.sge(at as usize, len as u32)
+        self.mr.sge(at as usize, len as u32)
     }
 
     /// The write of the bytes staged last was posted as `seq`.
@@ -79,9 +79,11 @@ impl Staging {
         self.inflight.front().map(|&(seq, _)| seq)
     }
 
-    /// The registration, to release when the connection ends.
-    pub fn take_mr(&mut self) -> Option<MemoryRegion> {
-        self.mr.take()
+    /// Deregisters the ring here and now (counted by `pins`), then frees
+    /// it: when the connection ends, once its QP is gone.
+    pub fn release(self, pins: &Pins) {
+        pins.release_here(self.mr);
+        // The rest of `self`, `mem` with it, is dropped as this returns.
     }
 }
 

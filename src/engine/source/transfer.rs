@@ -185,8 +185,11 @@ impl Engine {
         drop(link);
         let chunks =
             blocks.into_iter().flat_map(|b| b.local.into_iter().chain(b.chunks.into_iter().filter_map(|c| c.local)));
-        for mr in chunks.chain(staging.and_then(|mut s| s.take_mr())) {
+        for mr in chunks {
             pins.release(mr);
+        }
+        if let Some(staging) = staging {
+            staging.release(&pins);
         }
         if let Some(exposed) = postcopy_exposed {
             exposed.release(&pins);
