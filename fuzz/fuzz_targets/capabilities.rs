@@ -1,6 +1,6 @@
 //! Capabilities::decode, ConnectData::decode and AcceptData::decode on
 //! arbitrary private data: accepted input re-encodes to its first bytes (8,
-//! 40 with a nonce; 16, 80 with a challenge).
+//! 40 with a nonce, 56 with a recovery tag; 16, 80 with a challenge).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
