@@ -263,14 +263,19 @@ impl GuardedRam {
         }
     }
 
+    /// The bytes of block `block`. Only while nothing writes.
+    fn block(&self, block: usize) -> &[u8] {
+        &self.maps[block].bytes()[CANARY_LEN as usize..][..BLOCKS[block].length as usize]
+    }
+
     /// Each block holds 0xAA except what `changes` legitimately did. Only while nothing writes.
     fn check_blocks(&self, changes: &[Change]) {
-        for (i, (b, map)) in BLOCKS.iter().zip(&self.maps).enumerate() {
+        for (i, b) in BLOCKS.iter().enumerate() {
             let mut want = vec![GARBAGE; b.length as usize];
             for c in changes.iter().filter(|c| c.block() == i) {
                 c.apply(&mut want);
             }
-            let got = &map.bytes()[CANARY_LEN as usize..][..b.length as usize];
+            let got = self.block(i);
             if let Some(at) = want.iter().zip(got).position(|(w, g)| w != g) {
                 panic!("block '{}' byte {at:#x} is {:#04x}, expected {:#04x}", b.name, got[at], want[at]);
             }
@@ -1696,11 +1701,13 @@ impl StalePage {
 /// POSTCOPY, and post-copy reports running only once they are deregistered.
 /// The test holds the worker while POSTCOPY arrives (a job of its own,
 /// queued first, waits for it): post-copy must not report running until it
-/// lets go. Then a WRITE with the key fails at the destination's NIC
-/// (remote access error) and lands nowhere. One session per key: the failed
-/// WRITE breaks the connection. It comes once post-copy is done (its one
-/// stale page is in place), so the broken connection fails no post-copy
-/// (which would leave pc.ram PROT_NONE, out of the RAM check's reach).
+/// lets go (if it does, the test writes with the key then and says whether
+/// the WRITE landed in the guest's RAM). Then a WRITE with the key fails at
+/// the destination's NIC (remote access error) and lands nowhere. One
+/// session per key: the failed WRITE breaks the connection. It comes once
+/// post-copy is done (its one stale page is in place), so the broken
+/// connection fails no post-copy (which would leave pc.ram PROT_NONE, out of
+/// the RAM check's reach).
 #[test]
 fn postcopy_running_leaves_the_source_no_key_to_write_with() {
     for (pin_all, key) in [(true, 0), (true, 1), (false, 0), (false, 1)] {
@@ -1724,17 +1731,25 @@ fn postcopy_running_leaves_the_source_no_key_to_write_with() {
         });
         s.peer.take_ready();
         s.peer.send_raw(1, &message(CommandType::Postcopy, &[stale.entry()]));
-        let early = s.dest.wait_postcopy(PostcopyPhase::Running, Some(WORKER_HELD));
-        assert!(
-            matches!(&early, Err(e) if e.kind == ErrorKind::Timeout),
-            "with the source's registrations still waiting for the unregistration worker, post-copy: {early:?}"
-        );
+        let k = &keys[key];
+        match s.dest.wait_postcopy(PostcopyPhase::Running, Some(WORKER_HELD)) {
+            Err(e) => assert_eq!(e.kind, ErrorKind::Timeout, "{e}"),
+            Ok(running) => {
+                let data = pattern(4096, 9);
+                let wc = s.peer.write(k.host_addr + k.at, k.rkey, &data);
+                let landed = s.ram.block(k.block)[k.at as usize..][..data.len()] == data;
+                panic!(
+                    "post-copy runs ({running:?}) though the source's registrations wait for the unregistration \
+                     worker: a WRITE with {} now: {wc:?}, in the guest's RAM: {landed}",
+                    k.what
+                );
+            }
+        }
         drop(let_go);
         let done = s.dest.wait_postcopy(PostcopyPhase::Done, Some(TIMEOUT)).expect("post-copy");
         assert_eq!((done.pages_total, done.pages_remaining), (1, 0), "{done:?}");
         s.peer.expect(CommandType::PostcopyDone);
         s.written(PC, StalePage::AT, &stale.content);
-        let k = &keys[key];
         let wc = s.peer.write(k.host_addr + k.at, k.rkey, &pattern(4096, 9));
         eprintln!("peer: WRITE with {} after post-copy ran: {wc:?}", k.what);
         assert_eq!(wc.status_str(), "remote access error", "{}: {wc:?}", k.what);
