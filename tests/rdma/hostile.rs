@@ -72,11 +72,12 @@
 //! * `stream_flood_without_reading_is_held_back_at_256_mib`: QEMU_FILE flood, the hypervisor never reading
 //! * `write_with_a_stale_rkey_after_unregistration_fails`: RDMA WRITE with a key the source unregistered
 //! * `write_outside_the_registered_chunk_fails`: RDMA WRITE with a valid key outside its registration
+//! * `postcopy_running_leaves_the_source_no_key_to_write_with`: RDMA WRITE with each key given, once post-copy runs
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -86,10 +87,10 @@ use rdmamig::verbs::{
 };
 use rdmamig::wire::{
     self, AuthProof, BlockSpec, Capabilities, CommandType, Compress, DestBlock, EndSummary, Entry, MessageWriter,
-    PostcopyBlock, PostcopyRecovery, PostcopyRegion, QpEndpoint, RegisterRequest, RegisterResult, CAP_RDMAMIG_EXT,
-    CAP_RDMAMIG_RECOVERY, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
+    PostcopyBlock, PostcopyRecovery, PostcopyRegion, QpEndpoint, RegisterRequest, RegisterResult, CAP_PIN_ALL,
+    CAP_RDMAMIG_EXT, CAP_RDMAMIG_RECOVERY, CONTROL_BUFFER_SIZE, MAX_PAYLOAD,
 };
-use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, RamBlocks};
+use rdmamig::{Config, Destination, Ending, Error, ErrorKind, Negotiated, PostcopyPhase, RamBlocks};
 
 use crate::migration::{listen, rdma_ip, read_stream, GuestRam};
 
@@ -262,14 +263,19 @@ impl GuardedRam {
         }
     }
 
+    /// The bytes of block `block`. Only while nothing writes.
+    fn block(&self, block: usize) -> &[u8] {
+        &self.maps[block].bytes()[CANARY_LEN as usize..][..BLOCKS[block].length as usize]
+    }
+
     /// Each block holds 0xAA except what `changes` legitimately did. Only while nothing writes.
     fn check_blocks(&self, changes: &[Change]) {
-        for (i, (b, map)) in BLOCKS.iter().zip(&self.maps).enumerate() {
+        for (i, b) in BLOCKS.iter().enumerate() {
             let mut want = vec![GARBAGE; b.length as usize];
             for c in changes.iter().filter(|c| c.block() == i) {
                 c.apply(&mut want);
             }
-            let got = &map.bytes()[CANARY_LEN as usize..][..b.length as usize];
+            let got = self.block(i);
             if let Some(at) = want.iter().zip(got).position(|(w, g)| w != g) {
                 panic!("block '{}' byte {at:#x} is {:#04x}, expected {:#04x}", b.name, got[at], want[at]);
             }
@@ -532,13 +538,14 @@ impl Peer {
     }
 
     /// QEMU's first window: RAM_BLOCKS_REQUEST (empty) → RAM_BLOCKS_RESULT,
-    /// which must list `BLOCKS` in order. Takes the READY for it.
+    /// which must list `BLOCKS` in order, each with a key exactly under
+    /// pin-all. Takes the READY for it.
     fn ram_blocks(&mut self) -> Vec<DestBlock> {
         self.take_ready();
         self.send_with(CommandType::RamBlocksRequest, 1, |_| {});
         let blocks = self.expect(CommandType::RamBlocksResult).entries::<DestBlock>();
-        let got: Vec<(u64, u64, u32)> = blocks.iter().map(|d| (d.offset, d.length, d.remote_rkey)).collect();
-        let want: Vec<(u64, u64, u32)> = BLOCKS.iter().map(|b| (b.offset, b.length, 0)).collect();
+        let got: Vec<(u64, u64, bool)> = blocks.iter().map(|d| (d.offset, d.length, d.remote_rkey != 0)).collect();
+        let want: Vec<(u64, u64, bool)> = BLOCKS.iter().map(|b| (b.offset, b.length, self.reply.pin_all())).collect();
         assert_eq!(got, want, "{blocks:?}");
         blocks
     }
@@ -1599,6 +1606,159 @@ fn write_outside_the_registered_chunk_fails() {
         let wc = s.peer.write(r.host_addr.wrapping_add_signed(at), r.rkey, &pattern(len, 6));
         eprintln!("peer: {wc:?}");
         assert_eq!(wc.status_str(), "remote access error", "{what}: {wc:?}");
+        s.dropped(&[ErrorKind::Verbs], &["control RECV failed"]);
+    }
+}
+
+// ---- post-copy: no key left to write with ----
+
+/// How long the test holds the unregistration worker while post-copy
+/// starts (post-copy must not report running meanwhile).
+const WORKER_HELD: Duration = Duration::from_secs(2);
+
+/// A key the destination gave the peer, and where in its block the peer writes with it.
+struct GivenKey {
+    what: &'static str,
+    block: usize,
+    at: u64,
+    /// The block's address in the destination's process, as given with the key.
+    host_addr: u64,
+    rkey: u32,
+}
+
+/// The keys a peer past the RAM-block exchange gets for writing: under
+/// pin-all one per block (RAM_BLOCKS_RESULT), else one per REGISTER
+/// (chunk 1 of pc.ram; chunks 0 and 1 of vga.vram).
+fn keys_given(peer: &mut Peer, blocks: &[DestBlock]) -> Vec<GivenKey> {
+    if peer.reply.pin_all() {
+        let whole = |what, block, at| {
+            let b: &DestBlock = &blocks[block];
+            GivenKey { what, block, at, host_addr: b.remote_host_addr, rkey: b.remote_rkey }
+        };
+        return vec![
+            whole("pin-all's key of pc.ram", PC, MIB + 0x100),
+            whole("pin-all's key of vga.vram", VGA, 2 * MIB),
+        ];
+    }
+    let chunk = peer.register(reg(PC, 1, 0));
+    let chunks = peer.register(reg(VGA, 0, 1));
+    vec![
+        GivenKey {
+            what: "the key of chunk 1 of pc.ram",
+            block: PC,
+            at: MIB + 0x100,
+            host_addr: chunk.host_addr,
+            rkey: chunk.rkey,
+        },
+        GivenKey {
+            what: "the key of chunks 0-1 of vga.vram",
+            block: VGA,
+            at: MIB + 0x300,
+            host_addr: chunks.host_addr,
+            rkey: chunks.rkey,
+        },
+    ]
+}
+
+/// A peer's post-copy of one stale page of pc.ram: its table (bitmap and
+/// one region) and the page's content, readable by the destination.
+/// `mr` is declared first so it is deregistered before the memory is freed.
+struct StalePage {
+    mr: MemoryRegion,
+    _mem: Box<[u8]>,
+    content: Vec<u8>,
+}
+
+impl StalePage {
+    /// The stale page: page 2 of pc.ram.
+    const AT: u64 = 2 * 4096;
+
+    fn new(pd: &Arc<ProtectionDomain>) -> StalePage {
+        let words = (BLOCKS[PC].length / 4096).div_ceil(64) as usize;
+        // The table in the first page, the content in the second.
+        let mut mem = vec![0u8; 2 * 4096].into_boxed_slice();
+        // SAFETY: `mem` moves into the same struct and outlives `mr` (field order).
+        let mr = unsafe { pd.register(mem.as_mut_ptr(), mem.len(), Access::REMOTE_READ) }.expect("register");
+        mem[..8].copy_from_slice(&(1u64 << (Self::AT / 4096)).to_be_bytes());
+        let region = PostcopyRegion { offset: Self::AT, length: 4096, remote_addr: mr.addr() + 4096, rkey: mr.rkey() };
+        region.encode(&mut mem[words * 8..]);
+        let content = pattern(4096, 8);
+        mem[4096..].copy_from_slice(&content);
+        StalePage { mr, _mem: mem, content }
+    }
+
+    /// The POSTCOPY entry of pc.ram.
+    fn entry(&self) -> PostcopyBlock {
+        PostcopyBlock {
+            block_index: PC as u32,
+            regions: 1,
+            length: BLOCKS[PC].length,
+            stale_pages: 1,
+            table_addr: self.mr.addr(),
+            table_rkey: self.mr.rkey(),
+        }
+    }
+}
+
+/// Once the destination reports post-copy running (its guest may run and
+/// change any page), no key it gave the source lets the source write: the
+/// registrations the source wrote into (pin-all's whole blocks, or its
+/// REGISTERed chunks) go to the process's unregistration worker at
+/// POSTCOPY, and post-copy reports running only once they are deregistered.
+/// The test holds the worker while POSTCOPY arrives (a job of its own,
+/// queued first, waits for it): post-copy must not report running until it
+/// lets go (if it does, the test writes with the key then and says whether
+/// the WRITE landed in the guest's RAM). Then a WRITE with the key fails at
+/// the destination's NIC (remote access error) and lands nowhere. One
+/// session per key: the failed WRITE breaks the connection. It comes once
+/// post-copy is done (its one stale page is in place), so the broken
+/// connection fails no post-copy (which would leave pc.ram PROT_NONE, out of
+/// the RAM check's reach).
+#[test]
+fn postcopy_running_leaves_the_source_no_key_to_write_with() {
+    for (pin_all, key) in [(true, 0), (true, 1), (false, 0), (false, 1)] {
+        let flags = CAP_RDMAMIG_EXT | if pin_all { CAP_PIN_ALL } else { 0 };
+        let mut s = start(Config { pin_all, ..Config::default() }, flags);
+        assert_eq!(s.peer.reply.pin_all(), pin_all);
+        let blocks = s.peer.ram_blocks();
+        let keys = keys_given(&mut s.peer, &blocks);
+        for (i, k) in keys.iter().enumerate() {
+            let data = pattern(4096, i as u32);
+            let wc = s.peer.write(k.host_addr + k.at, k.rkey, &data);
+            assert!(wc.is_success(), "{} works before post-copy: {wc:?}", k.what);
+            s.written(k.block, k.at, &data);
+        }
+        s.peer.finish_window();
+        let stale = StalePage::new(&s.peer.pd);
+        let ControlBuffer { mr: stall, mem: _stall_mem } = ControlBuffer::new(&s.peer.pd, 4096);
+        let (let_go, held) = mpsc::channel::<()>();
+        s.dest.unregistration().expect("the unregistration worker").release(stall, move || {
+            let _ = held.recv();
+        });
+        s.peer.take_ready();
+        s.peer.send_raw(1, &message(CommandType::Postcopy, &[stale.entry()]));
+        let k = &keys[key];
+        match s.dest.wait_postcopy(PostcopyPhase::Running, Some(WORKER_HELD)) {
+            Err(e) => assert_eq!(e.kind, ErrorKind::Timeout, "{e}"),
+            Ok(running) => {
+                let data = pattern(4096, 9);
+                let wc = s.peer.write(k.host_addr + k.at, k.rkey, &data);
+                let landed = s.ram.block(k.block)[k.at as usize..][..data.len()] == data;
+                panic!(
+                    "post-copy runs ({running:?}) though the source's registrations wait for the unregistration \
+                     worker: a WRITE with {} now: {wc:?}, in the guest's RAM: {landed}",
+                    k.what
+                );
+            }
+        }
+        drop(let_go);
+        let done = s.dest.wait_postcopy(PostcopyPhase::Done, Some(TIMEOUT)).expect("post-copy");
+        assert_eq!((done.pages_total, done.pages_remaining), (1, 0), "{done:?}");
+        s.peer.expect(CommandType::PostcopyDone);
+        s.written(PC, StalePage::AT, &stale.content);
+        let wc = s.peer.write(k.host_addr + k.at, k.rkey, &pattern(4096, 9));
+        eprintln!("peer: WRITE with {} after post-copy ran: {wc:?}", k.what);
+        assert_eq!(wc.status_str(), "remote access error", "{}: {wc:?}", k.what);
         s.dropped(&[ErrorKind::Verbs], &["control RECV failed"]);
     }
 }

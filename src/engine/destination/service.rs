@@ -229,7 +229,9 @@ impl Service {
             let state = shared.state.lock();
             shared.update(&state);
         };
-        // The source writes no more: its registrations' budget serves post-copy's buffers.
+        // The source writes no more: its registrations go (`run` waits until
+        // they are deregistered before the guest may run), and their budget
+        // serves post-copy's buffers.
         self.dispatcher.release_all(&mut self.pins);
         let recovery = match (self.config.postcopy_recovery, self.recovery) {
             (Some(window), Some(source)) => Some(Recovery { config: &self.config, window, source }),

@@ -11,7 +11,12 @@
 //!
 //! The new link is made on the old one's protection domain: every
 //! registration post-copy uses (the source's exposed RAM and tables, the
-//! destination's staging buffer) stays valid, rkeys included. The old link's
+//! destination's staging buffer) stays valid, rkeys included. The source
+//! cannot write into the destination over it: rdma_cm gives the new QP
+//! remote write access, as it gives every connected QP, but no registration
+//! on that domain allows remote writes any more (those the source wrote into
+//! were deregistered before post-copy ran, `postcopy::destination::run`; the
+//! staging and control buffers allow local writes only). The old link's
 //! QPs are destroyed before anything is posted on the new one (the caller
 //! replaces the old link with the new), so no read of the lost connection
 //! lands in a staging slot reused meanwhile. On the new link the control

@@ -218,10 +218,22 @@ impl Pins {
     /// Waits until the registrations this side released are deregistered
     /// (the kernel counts them as pinned until then); the wait is counted.
     pub fn settle(&self) {
-        if let (Some(w), true) = (&self.worker, self.releasing.load(Ordering::Relaxed) > 0) {
-            let start = Instant::now();
-            w.flush();
+        let start = Instant::now();
+        if self.wait_released() {
             Counters::add(&self.counters.pin_wait_ns, start.elapsed().as_nanos() as u64);
+        }
+    }
+
+    /// Waits until every registration this side released is deregistered,
+    /// so that no key of them lets the peer in any more; returns whether
+    /// there were any left to wait for.
+    pub fn wait_released(&self) -> bool {
+        match (&self.worker, self.releasing.load(Ordering::Acquire) > 0) {
+            (Some(w), true) => {
+                w.flush();
+                true
+            }
+            _ => false,
         }
     }
 

@@ -228,7 +228,9 @@ impl Drop for Blocked {
 }
 
 /// Runs post-copy to the end: discards the stale pages, registers the
-/// userfaultfd, calls `running` (the vCPUs may run from then on), serves
+/// userfaultfd, waits until the registrations released to the
+/// unregistration worker (the source's, at POSTCOPY) are deregistered, calls
+/// `running` (the vCPUs may run from then on), serves
 /// faults and pulls every stale page. The userfaultfd is kept in `blocked`
 /// while it runs: on failure it stays there, for the caller to drop (the
 /// release of blocked threads) once the failure is reported.
@@ -263,11 +265,20 @@ pub(crate) fn run(
         }
     }
     let staging = Staging::new(pins)?;
+    // The fence: the registrations the source wrote into, released when
+    // POSTCOPY came, must all be deregistered before the guest runs, or a
+    // key still valid (pin-all's cover whole blocks) would let the source
+    // overwrite pages the guest has changed. The worker got on with them
+    // while the tables were read and the stale pages dropped.
+    let fence = Instant::now();
+    pins.wait_released();
+    let fenced = fence.elapsed();
     progress.pages_total.store(total, Ordering::Relaxed);
     progress.pages_remaining.store(total, Ordering::Relaxed);
     progress.set_phase(PostcopyPhase::Running);
     logging::info(format_args!(
-        "destination: post-copy: {total} stale pages in {} blocks dropped, serving faults",
+        "destination: post-copy: {total} stale pages in {} blocks dropped, the source's write registrations \
+         deregistered (waited {fenced:?} for them), serving faults",
         blocks.len()
     ));
     running();

@@ -20,7 +20,11 @@
 //! (`plan`, `wire::postcopy_table`), then opens a userfaultfd
 //! itself, registers the blocks with stale pages in MISSING mode and drops the
 //! stale pages (`MADV_REMOVE` from shared memory, `MADV_DONTNEED` from private
-//! anonymous memory), so the next touch of one faults. Then the
+//! anonymous memory), so the next touch of one faults. It waits until every
+//! registration the source could write into (released to the unregistration
+//! worker when POSTCOPY came) is deregistered: from then on no key the
+//! source was given opens this side's memory to its writes (the recovery
+//! connection, made on the same protection domain, finds none either). Then the
 //! hypervisor's [`Destination::wait_postcopy`](crate::engine::Destination::wait_postcopy)
 //! returns and its vCPUs may run. The one thread serves faults first (a
 //! 4 KiB RDMA READ on the fault QP into a registered staging slot, then
