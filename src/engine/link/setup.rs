@@ -2,6 +2,7 @@
 //! timeout, rdma_cm connect and accept with the capability exchange in the
 //! private data, the QP's transport timeout, and the destination's listener.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -353,8 +354,8 @@ impl Link {
     /// A first connection's handshakes (`Admit::Any`, waiting) run on
     /// threads of their own, so that a peer that connects and stays silent
     /// holds up nobody; the first to finish is the one taken, the others
-    /// are given up. A return path or a recovery is the one request
-    /// expected, handled here.
+    /// wait in the listener for the next accept. A return path or a
+    /// recovery is the one request expected, handled here.
     pub(super) fn accept_from(
         listener: &Listener,
         admit: &Admit,
@@ -366,18 +367,21 @@ impl Link {
         // Only a caller's zero means "do not wait"; a deadline that ran out is a timeout.
         let no_wait = timeout == Some(Duration::ZERO);
         let parallel = matches!(admit, Admit::Any) && !no_wait;
-        let (done_tx, done) = mpsc::channel::<Result<Link>>();
-        // Set once this accept ended: handshakes still running give up.
-        let given_up = Arc::new(AtomicBool::new(false));
-        let _give_up = GiveUp(&given_up);
+        // Each handshake thread tells this accept how it ended; an admitted
+        // link goes to the listener's queue, for this accept or the next.
+        let (done_tx, done) = mpsc::channel::<Result<()>>();
         let mut running = 0;
         let mut refused: Refusals = None;
         loop {
             while let Ok(handshake) = done.try_recv() {
                 running -= 1;
-                match handshake {
-                    Ok(link) => return Ok(link),
-                    Err(e) => refuse(&mut refused, e),
+                if let Err(e) = handshake {
+                    count(&mut refused, e);
+                }
+            }
+            if matches!(admit, Admit::Any) {
+                if let Some(link) = listener.parked.lock().admitted.pop_front() {
+                    return Ok(link);
                 }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -410,12 +414,26 @@ impl Link {
                 );
                 continue;
             }
-            let (config, counters, done_tx, given_up, parked) =
-                (listener.config.clone(), counters.clone(), done_tx.clone(), given_up.clone(), listener.parked.clone());
+            let (config, counters, done_tx, closed, parked) = (
+                listener.config.clone(),
+                counters.clone(),
+                done_tx.clone(),
+                listener.closed.clone(),
+                listener.parked.clone(),
+            );
             let spawned = std::thread::Builder::new().name("rdmamig-handshake".into()).spawn(move || {
-                let link = request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(given_up), &parked);
-                // The accept may have ended meanwhile: then the link drops here.
-                let _ = done_tx.send(link);
+                let done = match request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(closed), &parked) {
+                    Ok(link) => {
+                        parked.lock().admitted.push_back(link);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        logging::warn(format_args!("{}; still listening", e.message));
+                        Err(e)
+                    }
+                };
+                // The accept that started it may have ended meanwhile.
+                let _ = done_tx.send(done);
             });
             match spawned {
                 Ok(_) => running += 1,
@@ -431,6 +449,11 @@ impl Link {
 /// Logs a refused request and counts it.
 fn refuse(refused: &mut Refusals, e: Error) {
     logging::warn(format_args!("{}; still listening", e.message));
+    count(refused, e);
+}
+
+/// Counts a refused request (logged already).
+fn count(refused: &mut Refusals, e: Error) {
     *refused = Some((refused.as_ref().map_or(0, |(n, _)| *n) + 1, e));
 }
 
@@ -438,15 +461,6 @@ fn refuse(refused: &mut Refusals, e: Error) {
 const MAX_HANDSHAKES: usize = 8;
 /// How often an accept looks for finished handshakes while some run.
 const HANDSHAKE_POLL_INTERVAL: Duration = Duration::from_millis(5);
-
-/// Sets the flag when dropped: an accept's running handshakes give up when it ends.
-struct GiveUp<'a>(&'a AtomicBool);
-
-impl Drop for GiveUp<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
 
 /// A connection request that passed the checks made before anything is set
 /// up for it (allow-list, the expected peer, version, authentication
@@ -530,7 +544,8 @@ impl Request {
     }
 
     /// Accepts the request and finishes the handshake, within the config's
-    /// handshake timeout, and, if `given_up` is given, until it is set:
+    /// handshake timeout, and, if `given_up` is given, until it is set (the
+    /// listener closed):
     /// the connection established and, with a key, the source's proof
     /// checked.
     fn handshake(
@@ -597,7 +612,11 @@ impl Request {
             // An rdmamig source's post-copy lets this side READ (up to what it offered).
             initiator_depth: if negotiated.extensions && resume.is_none() { MAX_RD_ATOMIC } else { 0 },
             retry_count: RETRY_COUNT,
-            rnr_retry_count: 0,
+            // On a recovery connection the credits run the other way round
+            // once the connecting destination sent its AUTH: its READY may
+            // arrive before this side posted the receive for it again
+            // (seen on rxe: RNR retry exceeded). Its SENDs wait for one.
+            rnr_retry_count: if resume.is_some() { RNR_RETRY_FOREVER } else { 0 },
         })?;
         let stop = handshake_stop.as_deref().or(old.map(|o| &*o.stop));
         expect_event(&channel, CmEventKind::Established, deadline, stop).map_err(|e| {
@@ -621,13 +640,16 @@ impl Request {
 }
 
 /// What the accepts running on one listener share: the requests one of
-/// them read and left for another, and the QEMU sources whose return path
-/// is due.
+/// them read and left for another, the connections admitted and not taken
+/// yet, and the QEMU sources whose return path is due.
 #[derive(Default)]
 pub(super) struct Parked {
     /// Requests left for another accept, with when they came; one nobody
     /// takes within the handshake timeout is rejected.
     requests: Vec<(Request, Instant)>,
+    /// First connections whose handshake ended after the accept that began
+    /// it had returned: the next accept takes them (as a kernel's backlog).
+    admitted: VecDeque<Link>,
     /// QEMU sources admitted with `Config::return_path`, and until when
     /// their next request is their return path (which no other accept takes).
     return_paths: Vec<(Option<IpAddr>, Instant)>,
@@ -698,6 +720,9 @@ impl Parked {
 /// CM's reason IB_CM_REJ_INVALID_SERVICE_ID (RoCE, InfiniBand), or
 /// -ECONNREFUSED (iWARP).
 const NO_LISTENER: [i32; 2] = [8, -libc::ECONNREFUSED];
+
+/// An RNR retry count of 7: a SEND that finds no receive posted is retried until one is.
+const RNR_RETRY_FOREVER: u8 = 7;
 
 /// librdmacm's RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH: the device's maximum.
 const MAX_RD_ATOMIC: u8 = 0xff;
@@ -808,6 +833,8 @@ pub struct Listener {
     recovery_nonces: Mutex<Vec<Nonce>>,
     /// Shared with this listener's accepts and their handshake threads.
     parked: Arc<Mutex<Parked>>,
+    /// Set when the listener is cancelled or dropped: handshakes still running give up.
+    closed: Arc<AtomicBool>,
 }
 
 impl Listener {
@@ -842,6 +869,7 @@ impl Listener {
             cancelled: AtomicBool::new(false),
             recovery_nonces: Mutex::new(Vec::new()),
             parked: Arc::default(),
+            closed: Arc::default(),
         })
     }
 
@@ -849,6 +877,7 @@ impl Listener {
     /// `Cancelled` (within `EVENT_POLL_INTERVAL`). Callable from any thread.
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::Relaxed);
     }
 
     /// A file descriptor that is readable while a connection request (or
@@ -917,6 +946,12 @@ impl Listener {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Relaxed);
     }
 }
 
