@@ -380,7 +380,7 @@ impl Link {
                 }
             }
             if matches!(admit, Admit::Any) {
-                if let Some(link) = listener.parked.lock().admitted.pop_front() {
+                if let Some(link) = listener.take_admitted(ram_bytes, &counters) {
                     return Ok(link);
                 }
             }
@@ -912,6 +912,25 @@ impl Listener {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::new(ErrorKind::Timeout, "no connection request arrived"));
             }
+        }
+    }
+
+    /// A first connection admitted after the accept that began it had
+    /// returned, now counted in `counters`. One that pin-all was granted
+    /// for, which `ram_bytes` of guest RAM would not fit in the pin budget,
+    /// is given up (the source fails; it is rare: accepts of guests of
+    /// different sizes on one listener with a pin budget).
+    fn take_admitted(&self, ram_bytes: u64, counters: &Arc<Counters>) -> Option<Link> {
+        loop {
+            let mut link = self.parked.lock().admitted.pop_front()?;
+            if link.negotiated.pin_all && !Negotiated::offered(&self.config, ram_bytes).pin_all {
+                logging::warn(format_args!(
+                    "gave up a connection admitted with pin-all: {ram_bytes} bytes of RAM do not fit the pin budget"
+                ));
+                continue;
+            }
+            link.counters = counters.clone();
+            return Some(link);
         }
     }
 
