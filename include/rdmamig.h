@@ -1879,19 +1879,30 @@ void rdmamig_listener_free(struct rdmamig_listener *listener);
  * `rdmamig_conn_free`); on failure `*out` is left unchanged and the message
  * is available from `rdmamig_last_error_message`.
  *
- * A source from an address not allowed (`rdmamig_config_allow_source`), or
- * one that fails to authenticate (`rdmamig_config_set_auth_key`), is
- * rejected and the wait goes on; if no source is admitted before the
- * timeout, the call fails with `RDMAMIG_ERR_AUTH` saying what it refused.
+ * A connection request that fails a check is rejected, logged, and the
+ * wait goes on: from an address not allowed (`rdmamig_config_allow_source`),
+ * with another protocol version, malformed, failing to authenticate
+ * (`rdmamig_config_set_auth_key`), or whose handshake does not finish within
+ * the handshake timeout (`rdmamig_config_set_handshake_timeout_ms`: a peer
+ * that connects and stays silent). Handshakes run side by side, so no such
+ * peer holds up the real source. If no source is admitted before the
+ * timeout, the call fails with the status of the last refusal, its message
+ * saying how many were refused. (Since 0.12: before, only refusals by the
+ * allow-list and authentication kept the wait going.) Several threads may
+ * accept on one listener: a connection admitted after the accept that
+ * began it returned is kept for the next accept, and a QEMU source's
+ * return-path connection (`rdmamig_config_set_return_path`) reaches the
+ * accept that took that source.
  *
  * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`;
  * `RDMAMIG_ERR_INVALID_ARGUMENT` (empty registry); `RDMAMIG_ERR_TIMEOUT`
  * (no source came); `RDMAMIG_ERR_WOULD_BLOCK` (`RDMAMIG_NO_WAIT` and no
  * request was waiting; with one waiting, the setup with that source still
- * takes its round trips, within the config's timeout); `RDMAMIG_ERR_AUTH` (sources came, none was admitted);
+ * takes its round trips, within the handshake timeout); `RDMAMIG_ERR_AUTH`
+ * (sources came, the last refused for its address or its authentication);
  * `RDMAMIG_ERR_CANCELLED` (`rdmamig_listener_cancel`);
- * `RDMAMIG_ERR_VERSION` (the source speaks another protocol version: it was
- * rejected); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
+ * `RDMAMIG_ERR_VERSION` (the last source refused speaks another protocol
+ * version); `RDMAMIG_ERR_PROTOCOL`; `RDMAMIG_ERR_CONNECT`;
  * `RDMAMIG_ERR_VERBS`.
  *
  * Thread safety: may run concurrently with other `const` uses of `listener`
