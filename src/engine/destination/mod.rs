@@ -114,7 +114,9 @@ impl Destination {
     /// `listener` and starts serving it. `ram` lists this side's blocks; for a
     /// QEMU source, in the source's block order. With the listener's
     /// `Config::return_path`, a QEMU source's return-path connection is
-    /// accepted too before this returns.
+    /// accepted too before this returns. A request that fails a check is
+    /// refused and the wait goes on (see `rdmamig_listener_accept` for the
+    /// rules, which are these).
     pub fn accept(listener: &Listener, ram: &RamBlocks, timeout: Option<Duration>) -> Result<Destination> {
         Self::accept_with(listener, ram, timeout, None)
     }
