@@ -51,10 +51,10 @@
 //! Needs an RDMA device at `RXE_VM_IP` (default 198.18.0.1), root (or a
 //! large `ulimit -l`) and the `rdma` tool (iproute2).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::{ErrorKind as IoErrorKind, Read as _, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -86,6 +86,18 @@ const BASELINE: u64 = 10;
 /// to need a little more than any before it raises VmRSS for good without
 /// a leak; 1 MiB still shows a leak of 1 KiB per run over 1,000 runs.
 const RSS_SLACK_KIB: u64 = 1024;
+/// How far the heap in use may move from its run-10 value: with the
+/// allocator's per-thread caches off (`TCACHE_OFF`), what is allocated
+/// between migrations is the same from run to run but for the size class
+/// of an allocation here and there (16 bytes seen); a leak of a few bytes
+/// per run shows over 1,000 runs.
+const HEAP_SLACK: u64 = 1024;
+/// glibc's per-thread caches keep up to 7 freed chunks of each size for the
+/// thread that freed them, and these count as in use: off, so that the
+/// heap figure counts what is really allocated. A tunable, read when the
+/// process starts: this program re-executes itself once with it set, and
+/// the source processes inherit it.
+const TCACHE_OFF: &str = "glibc.malloc.tcache_count=0";
 /// Guards against hangs only: a migration takes seconds under TCG.
 const ACCEPT_WAIT: Duration = Duration::from_secs(60);
 const END_WAIT: Duration = Duration::from_secs(120);
@@ -252,17 +264,22 @@ struct Figures {
     threads: u64,
     rss_kib: u64,
     pinned_kib: u64,
+    /// Bytes the allocator has handed out and not got back (`mallinfo2`).
+    heap: u64,
 }
 
 impl Figures {
-    /// This process's (the directory listing of /proc/self/fd counts its own
-    /// fd, always one). VmRSS after `malloc_trim`: the allocator keeps what
-    /// one migration freed for the next (10-15 MiB in the source, varying
-    /// from run to run) unless it is asked to give it back; a leak is not
-    /// given back.
+    /// This process's. The heap first, before this function allocates;
+    /// VmRSS after `malloc_trim`, since the allocator keeps what one
+    /// migration freed for the next (10-15 MiB in the source, varying from
+    /// run to run) unless asked to give it back (a leak is not given back).
+    /// The listing of /proc/self/fd counts its own fd (always one).
     fn of_this_process() -> R<Figures> {
-        // SAFETY: no preconditions; it only returns free heap memory to the kernel.
+        // SAFETY: no preconditions; it returns free heap memory to the kernel.
         unsafe { libc::malloc_trim(0) };
+        // SAFETY: no preconditions; it reads the allocator's counters.
+        let heap = unsafe { libc::mallinfo2() };
+        let heap = (heap.uordblks + heap.hblkhd) as u64;
         let entries = |dir: &str| fs::read_dir(dir).map(|d| d.count() as u64).map_err(|e| format!("{dir}: {e}"));
         let status = fs::read_to_string("/proc/self/status").map_err(|e| format!("/proc/self/status: {e}"))?;
         let kib = |field: &str| {
@@ -274,20 +291,21 @@ impl Figures {
         };
         Ok(Figures {
             fds: entries("/proc/self/fd")?,
-            threads: entries("/proc/self/task")?,
+            threads: settled_threads()?,
             rss_kib: kib("VmRSS:")?,
             pinned_kib: kib("VmPin:")?,
+            heap,
         })
     }
 
     fn encode(&self) -> String {
-        format!("{} {} {} {}", self.fds, self.threads, self.rss_kib, self.pinned_kib)
+        format!("{} {} {} {} {}", self.fds, self.threads, self.rss_kib, self.pinned_kib, self.heap)
     }
 
     fn decode(s: &str) -> R<Figures> {
         let v: Vec<u64> = s.split_whitespace().filter_map(|w| w.parse().ok()).collect();
         match v[..] {
-            [fds, threads, rss_kib, pinned_kib] => Ok(Figures { fds, threads, rss_kib, pinned_kib }),
+            [fds, threads, rss_kib, pinned_kib, heap] => Ok(Figures { fds, threads, rss_kib, pinned_kib, heap }),
             _ => Err(format!("bad figures {s:?}")),
         }
     }
@@ -312,24 +330,52 @@ impl Figures {
                 self.rss_kib - base.rss_kib
             ));
         }
+        if self.heap.abs_diff(base.heap) > HEAP_SLACK {
+            out.push(format!(
+                "{who} heap: {} bytes in use at run {run}, {} at run {BASELINE} (more than {HEAP_SLACK} bytes apart)",
+                self.heap, base.heap
+            ));
+        }
         out
     }
 }
 
-/// The host's RDMA objects by kind (pd, cq, qp, cm_id, mr, ...), summed over devices.
-fn rdma_objects() -> R<BTreeMap<String, u64>> {
+/// This process's threads: the fewest of ten listings 20 ms apart. A
+/// thread that was joined may still be listed for a moment (`pthread_join`
+/// returns once the kernel has released the thread's memory, before the
+/// thread has left its group): under TCG the unregistration worker, joined
+/// when its last connection closed, was. A thread that lives on is in every
+/// listing.
+fn settled_threads() -> R<u64> {
+    let mut fewest = u64::MAX;
+    for _ in 0..10 {
+        let n = fs::read_dir("/proc/self/task").map_err(|e| format!("/proc/self/task: {e}"))?.count() as u64;
+        fewest = fewest.min(n);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(fewest)
+}
+
+/// The kinds of RDMA objects `rdma resource show` counts.
+const RDMA_OBJECTS: [&str; 7] = ["pd", "cq", "qp", "cm_id", "mr", "ctx", "srq"];
+
+/// The host's RDMA objects of each kind in `RDMA_OBJECTS`, summed over
+/// devices (an array: the table of checkpoints allocates nothing as it grows).
+fn rdma_objects() -> R<[u64; RDMA_OBJECTS.len()]> {
     let out = Command::new("rdma").args(["resource", "show"]).output().map_err(|e| format!("rdma: {e}"))?;
     if !out.status.success() {
         return Err(format!("rdma resource show: {}", String::from_utf8_lossy(&out.stderr)));
     }
     // "0: rxe0: pd 2 cq 4 qp 3 cm_id 2 mr 0 ctx 0 srq 0"
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut objects = BTreeMap::new();
+    let mut objects = [0; RDMA_OBJECTS.len()];
     for line in text.lines() {
         let words: Vec<&str> = line.split_whitespace().filter(|w| !w.ends_with(':')).collect();
         for pair in words.chunks_exact(2) {
             let n = pair[1].parse::<u64>().map_err(|_| format!("rdma resource show: bad line {line:?}"))?;
-            *objects.entry(pair[0].to_string()).or_insert(0) += n;
+            if let Some(i) = RDMA_OBJECTS.iter().position(|&k| k == pair[0]) {
+                objects[i] += n;
+            }
         }
     }
     Ok(objects)
@@ -341,7 +387,7 @@ struct Row {
     elapsed: Duration,
     destination: Figures,
     source: Figures,
-    rdma: BTreeMap<String, u64>,
+    rdma: [u64; RDMA_OBJECTS.len()],
 }
 
 impl Row {
@@ -356,41 +402,47 @@ impl Row {
     }
 }
 
-fn is_checkpoint(run: u64, runs: u64) -> bool {
-    let mut decade = BASELINE;
-    while decade <= run {
-        if [1, 2, 5].iter().any(|m| run == m * decade) {
-            return true;
-        }
-        decade *= 10;
-    }
-    run == runs
+/// The checkpoints: runs 10, 20, 50, 100, 200, 500, ... up to `runs`, and `runs`.
+fn checkpoints(runs: u64) -> Vec<u64> {
+    let mut at: Vec<u64> = (0..)
+        .map(|e| BASELINE * 10u64.pow(e))
+        .take_while(|&d| d <= runs)
+        .flat_map(|d| [d, 2 * d, 5 * d])
+        .filter(|&run| run < runs)
+        .collect();
+    at.push(runs);
+    at
 }
 
 fn print_table(rows: &[Row]) {
     println!(
         "\nsoak: figures at checkpoints, both processes idle between migrations (destination: the \
-         listener's process; source: the long-lived source process; rdma: the host's RDMA objects)"
+         listener's process; source: the long-lived source process; heap: bytes allocated; rdma: the \
+         host's RDMA objects: {})",
+        RDMA_OBJECTS.join(" ")
     );
+    let side = ["fds", "threads", "VmRSS KiB", "VmPin KiB", "heap B"];
     println!(
-        "{:>6} {:>8} | {:>9} {:>7} {:>10} {:>10} | {:>9} {:>7} {:>10} {:>10} | rdma",
-        "run", "elapsed", "dest fds", "threads", "VmRSS KiB", "VmPin KiB", "src fds", "threads", "VmRSS KiB", "VmPin KiB"
+        "{:>6} {:>8} | dest {:>4} {:>7} {:>9} {:>9} {:>8} | src {:>4} {:>7} {:>9} {:>9} {:>8} | rdma",
+        "run", "elapsed", side[0], side[1], side[2], side[3], side[4], side[0], side[1], side[2], side[3], side[4]
     );
     for r in rows {
-        let rdma: Vec<String> = r.rdma.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let rdma: Vec<String> = r.rdma.iter().map(u64::to_string).collect();
         let (d, s) = (&r.destination, &r.source);
         println!(
-            "{:>6} {:>7.0}s | {:>9} {:>7} {:>10} {:>10} | {:>9} {:>7} {:>10} {:>10} | {}",
+            "{:>6} {:>7.0}s |      {:>4} {:>7} {:>9} {:>9} {:>8} |     {:>4} {:>7} {:>9} {:>9} {:>8} | {}",
             r.run,
             r.elapsed.as_secs_f64(),
             d.fds,
             d.threads,
             d.rss_kib,
             d.pinned_kib,
+            d.heap,
             s.fds,
             s.threads,
             s.rss_kib,
             s.pinned_kib,
+            s.heap,
             rdma.join(" ")
         );
     }
@@ -463,7 +515,7 @@ impl SourceProcess {
             .map_err(|e| format!("a source process: {e}"))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped");
-        Ok(SourceProcess { child, stdin, stdout, buffered: Vec::new() })
+        Ok(SourceProcess { child, stdin, stdout, buffered: Vec::with_capacity(64 << 10) })
     }
 
     fn send(&mut self, command: &str) -> R<()> {
@@ -776,7 +828,20 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
+/// Re-executes this program with `TCACHE_OFF` added to `GLIBC_TUNABLES`, unless it is there.
+fn turn_tcache_off() {
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if tunables.split(':').any(|t| t == TCACHE_OFF) {
+        return;
+    }
+    let tunables = if tunables.is_empty() { TCACHE_OFF.to_string() } else { format!("{tunables}:{TCACHE_OFF}") };
+    let e = Command::new("/proc/self/exe").args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", tunables).exec();
+    eprintln!("soak: re-executing itself with GLIBC_TUNABLES: {e}");
+    std::process::exit(1);
+}
+
 fn main() {
+    turn_tcache_off();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let runs = match argv.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["--source"] => std::process::exit(source_process()),
@@ -803,7 +868,9 @@ fn soak(runs: u64) -> R<()> {
     let mut source = SourceProcess::spawn(&exe.0)?;
     println!("soak: {runs} migrations of {} MiB through one listener (port {})", RAM / MIB, listener.port());
     let started = Instant::now();
-    let mut rows = Vec::new();
+    let checkpoints = checkpoints(runs);
+    // Allocated once: the heap is measured as it fills.
+    let mut rows = Vec::with_capacity(checkpoints.len());
     let mut failed = None;
     for run in 1..=runs {
         let t = Instant::now();
@@ -815,7 +882,7 @@ fn soak(runs: u64) -> R<()> {
                 break;
             }
         }
-        if is_checkpoint(run, runs) {
+        if checkpoints.contains(&run) {
             match Row::measure(run, started, &mut source) {
                 Ok(row) => rows.push(row),
                 Err(e) => {
@@ -839,13 +906,17 @@ fn soak(runs: u64) -> R<()> {
     }
     let last = rows.last().expect("the last run is a checkpoint");
     let base = rows.iter().find(|r| r.run == BASELINE).expect("checked by not_flat");
-    let growth = |now: &Figures, then: &Figures| now.rss_kib as i64 - then.rss_kib as i64;
+    let growth = |now: u64, then: u64| now as i64 - then as i64;
+    let (d, d0, s, s0) = (&last.destination, &base.destination, &last.source, &base.source);
     println!(
         "soak: {runs} runs in {:.0} s; flat from run {BASELINE} to run {runs}: fds, threads, VmPin and RDMA objects \
-         equal, VmRSS {:+} KiB (destination), {:+} KiB (source), slack {RSS_SLACK_KIB} KiB",
+         equal; VmRSS {:+} KiB (destination), {:+} KiB (source), slack {RSS_SLACK_KIB} KiB; heap {:+} bytes \
+         (destination), {:+} bytes (source), slack {HEAP_SLACK} bytes",
         last.elapsed.as_secs_f64(),
-        growth(&last.destination, &base.destination),
-        growth(&last.source, &base.source)
+        growth(d.rss_kib, d0.rss_kib),
+        growth(s.rss_kib, s0.rss_kib),
+        growth(d.heap, d0.heap),
+        growth(s.heap, s0.heap)
     );
     Ok(())
 }
