@@ -75,20 +75,22 @@ const PAGE: u64 = 4096;
 /// Each migration's guest RAM.
 const RAM: u64 = 16 * MIB;
 const PAGES: u64 = RAM / PAGE;
-/// The destination's registration chunk: one whole chunk of every run's
-/// RAM is zero, so that whole zero chunks travel as COMPRESS.
+/// A registration chunk (1 MiB): one whole chunk of every run's RAM is
+/// zero, so that whole zero chunks travel as COMPRESS.
 const CHUNK_PAGES: u64 = MIB / PAGE;
 const SOAK_SEED: u64 = 0x50a6_0000_0000_0031;
-/// The run whose figures every later checkpoint is compared with: by then
-/// each kind of run has run at least once (the first fault at run 5).
+/// The run whose figures every later checkpoint is compared with: what the
+/// first runs set up for good (librdmacm's devices, the allocator's arenas,
+/// cached thread stacks) is in place by then; each mode has run twice and
+/// a source was killed (run 5).
 const BASELINE: u64 = 10;
 /// How far VmRSS may rise above its run-10 value (it is read after
 /// `malloc_trim`, see `Figures::of_this_process`). Two things raise it
 /// without a leak: the allocator's pages, more of them partly used as runs
-/// go by (+100 and +124 KiB from run 10 to 1,000, most of it by run 100);
-/// and a new thread stack (glibc keeps freed ones for reuse) that the
-/// kernel backs with a transparent huge page, 2 MiB at its first touch
-/// (once in six boots, +2040 KiB between runs 10 and 20). What a leak
+/// go by (+72 to +124 KiB from run 10 to 1,000, levelling off); and a new
+/// thread stack (glibc keeps freed ones for reuse) that the kernel backs
+/// with a transparent huge page, 2 MiB at its first touch (seen once in
+/// about ten boots: +2040 KiB between runs 10 and 20). What a leak
 /// allocates shows in the heap figure, to within `HEAP_SLACK`.
 const RSS_SLACK_KIB: u64 = 4096;
 /// How far the heap in use may move from its run-10 value: with the
@@ -171,12 +173,13 @@ impl Plan {
 /// Run N's guest content and stream: every page's bytes follow from the
 /// run's seed and the page number.
 struct Content {
+    run: u64,
     seed: u64,
 }
 
 impl Content {
     fn of(run: u64) -> Content {
-        Content { seed: mix(SOAK_SEED ^ run) }
+        Content { run, seed: mix(SOAK_SEED ^ run) }
     }
 
     /// The page's seed for the first window (`None`: zero): one page in
@@ -232,8 +235,8 @@ impl Content {
 
     /// Stream part `part` (0: before the first window, 1: before close):
     /// a header naming the run, then 1-8 KiB of bytes of its own.
-    fn stream(&self, run: u64, part: u64) -> Vec<u8> {
-        let mut bytes = format!("soak run {run} part {part}\n").into_bytes();
+    fn stream(&self, part: u64) -> Vec<u8> {
+        let mut bytes = format!("soak run {} part {part}\n", self.run).into_bytes();
         let mut x = mix(self.seed ^ part);
         let len = 1024 + x % (7 * 1024);
         bytes.extend((0..len).map(|_| {
@@ -617,17 +620,19 @@ fn source_process() -> i32 {
         let line = line.unwrap_or_default();
         let words: Vec<&str> = line.split_whitespace().collect();
         let reply = match words[..] {
-            ["run", run, port] if run.parse::<u64>().is_ok() && port.parse::<u16>().is_ok() => {
-                send(&mut ram, &registry, run.parse().unwrap_or(0), port.parse().unwrap_or(0))
-            }
-            ["measure"] => match Figures::of_this_process() {
+            ["run", run, port] => match (run.parse(), port.parse()) {
+                (Ok(run), Ok(port)) => Some(send(&mut ram, &registry, run, port)),
+                _ => None,
+            },
+            ["measure"] => Some(match Figures::of_this_process() {
                 Ok(f) => format!("FIGURES {}", f.encode()),
                 Err(e) => format!("ERROR {e}"),
-            },
-            _ => {
-                eprintln!("soak --source: bad command {line:?}");
-                return 2;
-            }
+            }),
+            _ => None,
+        };
+        let Some(reply) = reply else {
+            eprintln!("soak --source: bad command {line:?}");
+            return 2;
         };
         println!("{reply}");
     }
@@ -644,7 +649,7 @@ fn send(ram: &mut Ram, registry: &RamBlocks, run: u64, port: u16) -> String {
         Err(e) => return format!("DONE failed {:?} 0 connect: {}", e.kind, e.message),
     };
     let unregistration = source.unregistration();
-    let sent = migrate(&source, ram, &content, run, plan.fault);
+    let sent = migrate(&source, ram, &content, plan.fault);
     // Always closed, as a hypervisor does after a failure too: close joins
     // the transfer thread, which hands every registration to the worker;
     // once it has deregistered them, the gauge must be 0.
@@ -659,9 +664,9 @@ fn send(ram: &mut Ram, registry: &RamBlocks, run: u64, port: u16) -> String {
     }
 }
 
-/// The source's side of run `run` up to its close.
-fn migrate(source: &Source, ram: &mut Ram, content: &Content, run: u64, fault: Option<Fault>) -> rdmamig::Result<()> {
-    source.put(&content.stream(run, 0))?;
+/// The source's side of a run up to its close.
+fn migrate(source: &Source, ram: &mut Ram, content: &Content, fault: Option<Fault>) -> rdmamig::Result<()> {
+    source.put(&content.stream(0))?;
     source.iteration_begin()?;
     source.save(0, 0, RAM)?;
     source.iteration_end()?;
@@ -673,7 +678,7 @@ fn migrate(source: &Source, ram: &mut Ram, content: &Content, run: u64, fault: O
                 source.save(0, page * PAGE, PAGE)?;
             }
             source.iteration_end()?;
-            source.put(&content.stream(run, 1))
+            source.put(&content.stream(1))
         }
         Some(Fault::SourceAbort) => {
             source.iteration_begin()?;
@@ -719,7 +724,7 @@ fn failure(dest: &Destination, run: u64, plan: &Plan) -> R<String> {
     match end {
         Err(e) => Ok(format!("the destination failed ({e})")),
         Ok(Ending::Unverified) if !plan.extensions && plan.fault == Some(Fault::Kill) => {
-            if stream == Content::of(run).stream(run, 0) {
+            if stream == Content::of(run).stream(0) {
                 Ok("the destination ended Unverified, the stream cut short".into())
             } else {
                 Err(format!("the destination ended Unverified with {} stream bytes", stream.len()))
@@ -738,8 +743,8 @@ fn serve(dest: &Destination, source: &mut SourceProcess, run: u64, plan: &Plan) 
             let content = Content::of(run);
             let (stream, end) = read_to_end(dest)?;
             let ending = end.map_err(|e| format!("the destination failed: {e}"))?;
-            let mut want = content.stream(run, 0);
-            want.extend(content.stream(run, 1));
+            let mut want = content.stream(0);
+            want.extend(content.stream(1));
             if stream != want {
                 let at = stream.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(stream.len().min(want.len()));
                 return Err(format!("the stream differs from byte {at} ({} bytes, {} sent)", stream.len(), want.len()));

@@ -23,7 +23,7 @@
 #                              one listener, every tenth with a killed or
 #                              aborted peer, each completed one byte-identical;
 #                              fds, threads, VmRSS, VmPin, heap and RDMA objects
-#                              flat from run 10 on (~30 s in the guest;
+#                              flat from run 10 on (15-30 s in the guest;
 #                              scripts/soak.sh runs 1,000)
 #   4c. example:vm_memory      the Rust integration example examples/vm_memory.rs
 #                              (built here like the benchmark; the C examples,
@@ -151,7 +151,7 @@ else
 fi
 
 # The soak's short run: 50 migrations through one listener, every tenth with
-# a killed or aborted peer (~30 s in the guest); PASS when every completed one
+# a killed or aborted peer (15-30 s in the guest); PASS when every completed one
 # came out byte-identical and every figure stayed flat (scripts/soak.sh: 1,000).
 if exe=$(built example soak build --release --features rdma-tests --example soak) && [ -n "$exe" ]; then
     add_step soak:50 "$exe" --runs 50

@@ -14,7 +14,7 @@
 # Prints a line per run, then the figures at runs 10, 20, 50, 100, 200, 500,
 # 1000 (and the last). Exit status: the soak's (1 if a run failed or a
 # figure was not flat), 125 if the guest failed. Run as root. Measured on
-# the 2-core build machine (TCG): 50 runs ~30 s, 1000 runs ~10 min.
+# the 2-core build machine (TCG): 50 runs 15-30 s, 1000 runs 5-10 min.
 # Environment: RXE_VM_* (see scripts/rxe-vm.sh); RXE_VM_TIMEOUT defaults to
 # 7200 s here.
 set -euo pipefail
