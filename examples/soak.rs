@@ -845,7 +845,11 @@ fn turn_tcache_off() {
         return;
     }
     let tunables = if tunables.is_empty() { TCACHE_OFF.to_string() } else { format!("{tunables}:{TCACHE_OFF}") };
-    let e = Command::new("/proc/self/exe").args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", tunables).exec();
+    // Not /proc/self/exe: under valgrind that is valgrind's own.
+    let e = match std::env::current_exe() {
+        Ok(exe) => Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", tunables).exec(),
+        Err(e) => e,
+    };
     eprintln!("soak: re-executing itself with GLIBC_TUNABLES: {e}");
     std::process::exit(1);
 }
