@@ -18,7 +18,14 @@
 #   4a. bench:postcopy-smoke   the post-copy benchmark (examples/postcopy_bench.rs)
 #                              with --quick --no-anchors: fault and pull runs of
 #                              64 MiB, each byte-identical; PASS when it exits 0
-#   4b. example:vm_memory      the Rust integration example examples/vm_memory.rs
+#   4b. soak:50                the soak (examples/soak.rs, built here like the
+#                              benchmark) with --runs 50: 50 migrations through
+#                              one listener, every tenth with a killed or
+#                              aborted peer, each completed one byte-identical;
+#                              fds, threads, VmRSS, VmPin, heap and RDMA objects
+#                              flat from run 10 on (15-30 s in the guest;
+#                              scripts/soak.sh runs 1,000)
+#   4c. example:vm_memory      the Rust integration example examples/vm_memory.rs
 #                              (built here like the benchmark; the C examples,
 #                              examples/c/*.c, are c:rdma_test_example_* in 3.)
 #   5. cli:doctor, cli:bench   the rdmamig CLI's tests (cli/tests/, feature
@@ -141,6 +148,15 @@ if exe=$(built example postcopy_bench build --release --features rdma-tests --ex
     add_step bench:postcopy-smoke "$exe" --quick --no-anchors
 else
     host_fail bench:postcopy-smoke "no executable for example postcopy_bench, see above"
+fi
+
+# The soak's short run: 50 migrations through one listener, every tenth with
+# a killed or aborted peer (15-30 s in the guest); PASS when every completed one
+# came out byte-identical and every figure stayed flat (scripts/soak.sh: 1,000).
+if exe=$(built example soak build --release --features rdma-tests --example soak) && [ -n "$exe" ]; then
+    add_step soak:50 "$exe" --runs 50
+else
+    host_fail soak:50 "no executable for example soak, see above"
 fi
 
 # The command-line tool (cli/): `rdmamig doctor` against ibv_devinfo and
