@@ -179,18 +179,33 @@ impl Qmp {
     }
 }
 
-/// `info ramblock` → (name, offset, used length), in list order (= migration order).
+/// `info ramblock` → (name, offset, used length), in list order (= migration
+/// order). QEMU offers the list through HMP only (QMP's x-query-ramblock is
+/// the same text), and its columns differ between versions (10.0 adds HVA and
+/// RO after Total), so cells are found by their column's name in the header:
+/// QEMU right-aligns each cell under its name, and a block name wider than its
+/// column pushes the rest of its row right by as much.
 pub(crate) fn parse_ramblocks(text: &str) -> Vec<(String, u64, u64)> {
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|e| panic!("{s:?}: {e}"));
-    text.lines()
-        .map(str::split_whitespace)
-        .map(Iterator::collect::<Vec<_>>)
-        .filter(|t| !t.is_empty() && t[0] != "Block")
-        .map(|t| {
-            // Block Name, PSize (value unit), Offset, Used, Total
-            assert!(t.len() >= 6, "unexpected info ramblock line: {t:?}");
-            let n = t.len();
-            (t[0].to_owned(), hex(t[n - 3]), hex(t[n - 2]))
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = lines.next().expect("info ramblock printed nothing");
+    let column_end = |name: &str| {
+        header.find(name).map(|at| at + name.len()).unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    };
+    let (name_end, offset_end, used_end) = (column_end("Block Name"), column_end("Offset"), column_end("Used"));
+    lines
+        .map(|line| {
+            // Each token of the row with the position just past it.
+            let tokens: Vec<(usize, &str)> =
+                line.split_whitespace().map(|t| (t.as_ptr() as usize - line.as_ptr() as usize + t.len(), t)).collect();
+            let (end, name) = tokens[0];
+            let shift =
+                end.checked_sub(name_end).unwrap_or_else(|| panic!("a block name left of its column: {line:?}"));
+            let cell = |column_end: usize| {
+                let at = tokens.iter().find(|t| t.0 == column_end + shift);
+                at.unwrap_or_else(|| panic!("no cell under the header's column ending at {column_end}: {line:?}")).1
+            };
+            (name.to_owned(), hex(cell(offset_end)), hex(cell(used_end)))
         })
         .collect()
 }
@@ -764,4 +779,47 @@ fn qemu_source_killed_inside_a_window_is_a_failure() {
         return;
     }
     panic!("no kill landed inside a window in 5 attempts");
+}
+
+/// `info ramblock` as QEMU answers human-monitor-command, verbatim, for
+/// `-M pc -m 64 -device pci-bridge,id=br0,chassis_nr=1 -device e1000,bus=br0,addr=1`
+/// (the e1000's ROM has a name wider than its column).
+const RAMBLOCK_7_2: &str = concat!(
+    "              Block Name    PSize              Offset               Used              Total\r\n",
+    "                  pc.ram    4 KiB  0x0000000000000000 0x0000000004000000 0x0000000004000000\r\n",
+    "    /rom@etc/acpi/tables    4 KiB  0x00000000040c0000 0x0000000000020000 0x0000000000200000\r\n",
+    "                 pc.bios    4 KiB  0x0000000004000000 0x0000000000040000 0x0000000000040000\r\n",
+    "0000:00:02.0:01.0/e1000.rom    4 KiB  0x0000000004080000 0x0000000000040000 0x0000000000040000\r\n",
+    "                  pc.rom    4 KiB  0x0000000004040000 0x0000000000020000 0x0000000000020000\r\n",
+    "   /rom@etc/table-loader    4 KiB  0x00000000042c0000 0x0000000000001000 0x0000000000010000\r\n",
+    "      /rom@etc/acpi/rsdp    4 KiB  0x0000000004300000 0x0000000000001000 0x0000000000001000\r\n",
+);
+const RAMBLOCK_10_0: &str = concat!(
+    "              Block Name    PSize              Offset               Used              Total                HVA  RO\r\n",
+    "                  pc.ram    4 KiB  0x0000000000000000 0x0000000004000000 0x0000000004000000 0x00007f8d3be00000  rw\r\n",
+    "    /rom@etc/acpi/tables    4 KiB  0x00000000040c0000 0x0000000000020000 0x0000000000200000 0x00007f8d46a00000  ro\r\n",
+    "                 pc.bios    4 KiB  0x0000000004000000 0x0000000000040000 0x0000000000040000 0x00007f8d8c400000  ro\r\n",
+    "0000:00:02.0:01.0/e1000.rom    4 KiB  0x0000000004080000 0x0000000000040000 0x0000000000040000 0x00007f8d46e00000  ro\r\n",
+    "                  pc.rom    4 KiB  0x0000000004040000 0x0000000000020000 0x0000000000020000 0x00007f8d8c200000  ro\r\n",
+    "   /rom@etc/table-loader    4 KiB  0x00000000042c0000 0x0000000000001000 0x0000000000010000 0x00007f8d46800000  ro\r\n",
+    "      /rom@etc/acpi/rsdp    4 KiB  0x0000000004300000 0x0000000000001000 0x0000000000001000 0x00007f8d46600000  ro\r\n",
+);
+
+/// Both versions' lists read alike: names, offsets and used lengths, not
+/// QEMU 10's Total, HVA or RO. Needs no RDMA device.
+#[test]
+fn ramblocks_read_by_column_name() {
+    let blocks = [
+        ("pc.ram", 0, 0x400_0000),
+        ("/rom@etc/acpi/tables", 0x40c_0000, 0x2_0000),
+        ("pc.bios", 0x400_0000, 0x4_0000),
+        ("0000:00:02.0:01.0/e1000.rom", 0x408_0000, 0x4_0000),
+        ("pc.rom", 0x404_0000, 0x2_0000),
+        ("/rom@etc/table-loader", 0x42c_0000, 0x1000),
+        ("/rom@etc/acpi/rsdp", 0x430_0000, 0x1000),
+    ]
+    .map(|(name, offset, used)| (name.to_owned(), offset, used));
+    for text in [RAMBLOCK_7_2, RAMBLOCK_10_0] {
+        assert_eq!(parse_ramblocks(text), blocks, "{text}");
+    }
 }
