@@ -180,7 +180,7 @@ fetch_kernel() {
 # The QEMU peer -> $CACHE/qemu-$QEMU_PEER_SERIES, with bin/qemu-system-x86_64
 # in it (see the header); nothing to do once it is there.
 fetch_qemu_peer() {
-    local dir=$CACHE/qemu-$QEMU_PEER_SERIES apt=$CACHE/apt-$QEMU_PEER_SUITE tmp version missing
+    local dir=$CACHE/qemu-$QEMU_PEER_SERIES apt=$CACHE/apt-$QEMU_PEER_SUITE tmp version missing deb
     [ -f "$dir/.done" ] && return
     [ "$NO_INSTALL" = 1 ] && die "QEMU $QEMU_PEER_SERIES is not in $dir"
     log "downloading + unpacking QEMU $QEMU_PEER_SERIES ($QEMU_PEER_SUITE) into $dir"
