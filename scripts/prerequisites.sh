@@ -13,7 +13,8 @@
 #           build-essential (an implicit build dependency of every package)
 #   lintian lintian (142 packages on Debian 12: not in CI; scripts/deb.sh --lintian)
 #   guest   the Soft-RoCE QEMU guest: `scripts/rxe-vm.sh --install-only`
-#           (QEMU, rdma-core's tools, Debian's kernel; its own list)
+#           (QEMU, rdma-core's tools, Debian's kernel; its own list; and
+#           QEMU 10.0 from bookworm-backports, unpacked beside the host's)
 #
 # apt-get runs as root, or through sudo. --dry-run installs nothing: it names
 # the missing packages and shows what apt-get would install (apt-get -s).

@@ -6,6 +6,12 @@
 #   2. rust:rdma               the Rust integration tests (test target `rdma`,
 #                              tests/rdma/main.rs, feature rdma-tests), built
 #                              with cargo test --release, run --test-threads=1
+#   2a. rust:rdma-qemu-VERSION the QEMU interop tests of 2. (qemu::, replay::)
+#                              again, against each QEMU peer that rxe-vm.sh
+#                              --install-only unpacked (QEMU 10.0 from
+#                              bookworm-backports: $RXE_VM_CACHE/qemu-10.0),
+#                              named by RDMAMIG_QEMU; 2. had the host's
+#                              (Debian 12: 7.2)
 #   3. c:rdma_test_*           each executable target/c-tests/rdma_test_*
 #                              (built by the Makefile beforehand; none: skipped)
 #   4. bench:smoke             the migration benchmark (examples/bench.rs,
@@ -116,6 +122,15 @@ if bin=$(built test rdma test --release --features rdma-tests --test rdma --no-r
         pair_tests=$("$bin" --list --ignored --format terse "$@" 2>/dev/null |
                      sed -n 's/^\([a-z0-9_]*::pair_[A-Za-z0-9_]*\): test$/\1/p')
         for t in $pair_tests; do STEPS+=("$(pair_step "$t")"); done
+        # The QEMU interop tests that ARGS select, by name (libtest ORs
+        # filters: ARGS' own match nothing more with --exact).
+        qemu_tests=$("$bin" --list --format terse "$@" 2>/dev/null |
+                     sed -n 's/^\(\(qemu\|replay\)::[A-Za-z0-9_]*\): test$/\1/p')
+        for qemu in "${RXE_VM_CACHE:-/var/cache/rxe-vm}"/qemu-*/bin/qemu-system-x86_64; do
+            [ -x "$qemu" ] && [ -n "$qemu_tests" ] || continue
+            peer=${qemu%/bin/*}
+            add_step "rust:rdma-${peer##*/}" env RDMAMIG_QEMU="$qemu" "$bin" --test-threads=1 --exact $qemu_tests "$@"
+        done
     else
         host_fail rust:rdma "cargo built no test executable for target rdma"
     fi

@@ -8,7 +8,8 @@
 #                                       198.18.0.1 runs CMD1, 198.18.0.2 CMD2
 #   scripts/rxe-vm.sh --selftest        rping + ib_write_bw on rxe0
 #   scripts/rxe-vm.sh --pair-selftest   the same from guest 2 to guest 1
-#   scripts/rxe-vm.sh --install-only    install packages + kernel, no guest
+#   scripts/rxe-vm.sh --install-only    install packages + kernel + the QEMU
+#                                       peers, no guest
 #
 # Needs root (apt-get, qemu).  The guest boots Debian's stock kernel (fetched
 # with `apt-get download` into a cache, not installed) under TCG, with the
@@ -16,6 +17,14 @@
 # writes are thrown away; /tmp, /run and /dev/shm start empty) and the
 # current directory shared read-write at the same path.  So host-built
 # binaries run in the guest unchanged.
+#
+# The QEMU peers: QEMU versions besides the host's (Debian 12's 7.2) for the
+# interop tests (tests/rdma/qemu.rs, replay.rs; scripts/rdma-suite.sh runs
+# them against each): QEMU 10.0 from bookworm-backports, its packages fetched
+# through a private apt source list (the host's apt sources and packages stay
+# as they are) and unpacked into $RXE_VM_CACHE/qemu-10.0, where
+# bin/qemu-system-x86_64 runs it with its own firmware and modules.  Fetched
+# once, by --install-only: remove the directory to fetch it again.
 #
 # Single guest: rxe0 on a dummy interface at 198.18.0.1/24 (rxe loops the
 # traffic back internally: no packet ever reaches a wire).  --pair: each guest
@@ -52,7 +61,7 @@
 #   RXE_VM_CPU      QEMU CPU model (default Nehalem: no AVX, ~2x faster
 #                   under TCG than -cpu max)
 #   RXE_VM_APPEND   extra guest kernel command-line arguments
-#   RXE_VM_CACHE    kernel + initramfs cache (default /var/cache/rxe-vm)
+#   RXE_VM_CACHE    kernel, initramfs and QEMU peer cache (default /var/cache/rxe-vm)
 #   RXE_VM_NO_INSTALL=1  never call apt-get: fail if something is missing
 #   RXE_VM_QUIET=1  no [rxe-vm] progress lines
 set -euo pipefail
@@ -74,6 +83,12 @@ if [ "${RXE_VM_PREALLOC:-0}" = 1 ]; then PREALLOC=(-mem-prealloc); fi
 PKGS=(qemu-system-x86 busybox-static kmod cpio iproute2 procps xz-utils
       libibverbs1 librdmacm1 ibverbs-providers ibverbs-utils rdmacm-utils perftest
       libibverbs-dev librdmacm-dev tcpdump jq)
+# The QEMU peer: a version series, the suite it comes from, and its packages
+# (seabios too: 10.0 needs 1.16.3, Debian 12 has 1.16.2).  Its libraries are
+# Debian 12's, which the host's QEMU (PKGS) installs.
+QEMU_PEER_SERIES=10.0
+QEMU_PEER_SUITE=bookworm-backports
+QEMU_PEER_PKGS=(qemu-system-x86 qemu-system-common qemu-system-data seabios)
 # Modules the initramfs needs to mount its root; the rest are modprobe'd in
 # the guest from the kernel package's module tree.
 BOOT_MODS=(virtio_pci 9pnet_virtio 9p overlay virtio_net)
@@ -162,6 +177,46 @@ fetch_kernel() {
     KERNEL=$KDIR/vmlinux
 }
 
+# The QEMU peer -> $CACHE/qemu-$QEMU_PEER_SERIES, with bin/qemu-system-x86_64
+# in it (see the header); nothing to do once it is there.
+fetch_qemu_peer() {
+    local dir=$CACHE/qemu-$QEMU_PEER_SERIES apt=$CACHE/apt-$QEMU_PEER_SUITE tmp version missing deb
+    [ -f "$dir/.done" ] && return
+    [ "$NO_INSTALL" = 1 ] && die "QEMU $QEMU_PEER_SERIES is not in $dir"
+    log "downloading + unpacking QEMU $QEMU_PEER_SERIES ($QEMU_PEER_SUITE) into $dir"
+    # Its own lists and package cache: apt's own (pkgcache.bin) must not
+    # change with them.  As root: apt's _apt user could not write to $tmp.
+    local opts=(-o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+                -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache" -o APT::Sandbox::User=root)
+    mkdir -p "$apt/lists/partial" "$apt/cache"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian" \
+         "$QEMU_PEER_SUITE main" > "$apt/sources.list"
+    apt-get "${opts[@]}" update -qq >&2 || die "apt-get update ($QEMU_PEER_SUITE) failed"
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get "${opts[@]}" download -qq "${QEMU_PEER_PKGS[@]/%//$QEMU_PEER_SUITE}" >&2) ||
+        { rm -rf "$tmp"; die "apt-get download ${QEMU_PEER_PKGS[*]} ($QEMU_PEER_SUITE) failed"; }
+    version=$(dpkg-deb -f "$tmp"/qemu-system-x86_*.deb Version)
+    [[ $version == *:$QEMU_PEER_SERIES.* ]] ||
+        { rm -rf "$tmp"; die "$QEMU_PEER_SUITE has QEMU $version, not $QEMU_PEER_SERIES"; }
+    rm -rf "$dir"
+    mkdir -p "$dir/bin"
+    for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$dir"; done
+    rm -rf "$tmp"
+    missing=$(ldd "$dir/usr/bin/qemu-system-x86_64" | awk '/not found/ { print $1 }')
+    [ -z "$missing" ] || die "QEMU $version needs libraries the host lacks: $missing"
+    # QEMU 10.0 finds its firmware at the path it was built for (7.2 looks
+    # beside its binary) and its modules likewise: point it at its own.
+    {
+        echo '#!/bin/sh'
+        echo "# QEMU $version ($QEMU_PEER_SUITE), unpacked by scripts/rxe-vm.sh."
+        printf 'd=%q\n' "$dir"
+        echo 'QEMU_MODULE_DIR=$d/usr/lib/x86_64-linux-gnu/qemu exec "$d/usr/bin/qemu-system-x86_64" \'
+        echo '    -L "$d/usr/share/qemu" -L "$d/usr/share/seabios" "$@"'
+    } > "$dir/bin/qemu-system-x86_64"
+    chmod +x "$dir/bin/qemu-system-x86_64"
+    echo "$version" > "$dir/.done"
+}
+
 # -> INITRD: busybox, the BOOT_MODS and rxe-vm/init; rebuilt when any changes.
 build_initramfs() {
     local key work
@@ -197,6 +252,7 @@ prepare_host() {
     flock 9
     install_pkgs
     fetch_kernel "$1"
+    [ "$1" = 0 ] || fetch_qemu_peer
     build_initramfs
     exec 9>&-
     log "host ready in $(since "$T0") (kernel $KVER)"

@@ -1,5 +1,6 @@
-//! Interoperability: a real QEMU (Debian's qemu-system-x86_64 7.2, built with
-//! RDMA) is the migration source, rdmamig's `Destination` the destination.
+//! Interoperability: a real QEMU (qemu-system-x86_64 built with RDMA: Debian
+//! 12's 7.2, bookworm-backports' 10.0) is the migration source, rdmamig's
+//! `Destination` the destination.
 //!
 //! The source is a paused `-M pc -m 64` VM whose RAM holds a 24 MiB
 //! pseudo-random pattern at 1 MiB (put there by `-device loader`); the rest of
@@ -13,17 +14,20 @@
 //! With QEMU's return path the test plays the hypervisor on it too: it finds
 //! QEMU's PING in the stream and answers PONG, and sends SHUT once the stream
 //! has ended (`put_return`); QEMU's -trace lines show what QEMU took. QEMU
-//! 7.2 refuses IPv6 over RoCE, which the IPv6 test checks. Every test prints
-//! QEMU's total time and downtime (query-migrate).
+//! 7.2 and 10.0 refuse IPv6 over RoCE, which the IPv6 test checks. Every test
+//! prints QEMU's total time and downtime (query-migrate).
 //!
-//! Needs `qemu-system-x86_64` on PATH (the test guest has the host's).
+//! Runs the QEMU that `RDMAMIG_QEMU` names (a path to a qemu-system-x86_64),
+//! or else `qemu-system-x86_64` on PATH (the test guest has the host's).
+//! Each QEMU started prints its version; where QEMU versions behave
+//! differently, a test expects what the one it runs does.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -59,6 +63,29 @@ impl Drop for TempDir {
     }
 }
 
+/// The QEMU the tests run: `RDMAMIG_QEMU`, or qemu-system-x86_64 on PATH.
+pub(crate) fn qemu_binary() -> String {
+    std::env::var("RDMAMIG_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+/// The first line of `qemu_binary() --version` ("QEMU emulator version
+/// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)") and its (major, minor).
+pub(crate) fn qemu_version() -> &'static (String, (u32, u32)) {
+    static VERSION: OnceLock<(String, (u32, u32))> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let qemu = qemu_binary();
+        let out = Command::new(&qemu).arg("--version").output().unwrap_or_else(|e| panic!("{qemu} --version: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().next().unwrap_or_default().to_owned();
+        let number = line.split_whitespace().skip_while(|w| *w != "version").nth(1);
+        let mut parts = number.unwrap_or_default().split('.').map(str::parse);
+        match (parts.next(), parts.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) => (line, (major, minor)),
+            _ => panic!("no version in {qemu} --version: {text:?}"),
+        }
+    })
+}
+
 /// The source QEMU process: killed and reaped on drop, whatever happened; its
 /// output is printed when the test is failing.
 pub(crate) struct Qemu {
@@ -75,10 +102,11 @@ impl Qemu {
     /// A `-nodefaults` TCG QEMU with `args`, its QMP socket at `dir/ROLE.qmp`,
     /// its output in `dir/ROLE.log`, and `pattern` loaded at PATTERN_ADDR.
     pub(crate) fn spawn(dir: &Path, role: &str, args: &[String], pattern: Option<&Path>) -> Qemu {
+        report(&format!("[{role}] {}: {}", qemu_version().0, qemu_binary()));
         let log = dir.join(format!("{role}.log"));
         let out = fs::File::create(&log).unwrap();
         let loader = pattern.map(|p| format!("loader,file={},addr={PATTERN_ADDR:#x},force-raw=on", p.display()));
-        let child = Command::new("qemu-system-x86_64")
+        let child = Command::new(qemu_binary())
             .args(["-nodefaults", "-display", "none", "-accel", "tcg"])
             .args(args)
             .arg("-qmp")
@@ -90,7 +118,7 @@ impl Qemu {
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
-            .expect("cannot start qemu-system-x86_64");
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", qemu_binary()));
         Qemu { child, log }
     }
 
@@ -179,18 +207,33 @@ impl Qmp {
     }
 }
 
-/// `info ramblock` → (name, offset, used length), in list order (= migration order).
+/// `info ramblock` → (name, offset, used length), in list order (= migration
+/// order). QEMU offers the list through HMP only (QMP's x-query-ramblock is
+/// the same text), and its columns differ between versions (10.0 adds HVA and
+/// RO after Total), so cells are found by their column's name in the header:
+/// QEMU right-aligns each cell under its name, and a block name wider than its
+/// column pushes the rest of its row right by as much.
 pub(crate) fn parse_ramblocks(text: &str) -> Vec<(String, u64, u64)> {
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|e| panic!("{s:?}: {e}"));
-    text.lines()
-        .map(str::split_whitespace)
-        .map(Iterator::collect::<Vec<_>>)
-        .filter(|t| !t.is_empty() && t[0] != "Block")
-        .map(|t| {
-            // Block Name, PSize (value unit), Offset, Used, Total
-            assert!(t.len() >= 6, "unexpected info ramblock line: {t:?}");
-            let n = t.len();
-            (t[0].to_owned(), hex(t[n - 3]), hex(t[n - 2]))
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = lines.next().expect("info ramblock printed nothing");
+    let column_end = |name: &str| {
+        header.find(name).map(|at| at + name.len()).unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    };
+    let (name_end, offset_end, used_end) = (column_end("Block Name"), column_end("Offset"), column_end("Used"));
+    lines
+        .map(|line| {
+            // Each token of the row with the position just past it.
+            let tokens: Vec<(usize, &str)> =
+                line.split_whitespace().map(|t| (t.as_ptr() as usize - line.as_ptr() as usize + t.len(), t)).collect();
+            let (end, name) = tokens[0];
+            let shift =
+                end.checked_sub(name_end).unwrap_or_else(|| panic!("a block name left of its column: {line:?}"));
+            let cell = |column_end: usize| {
+                let at = tokens.iter().find(|t| t.0 == column_end + shift);
+                at.unwrap_or_else(|| panic!("no cell under the header's column ending at {column_end}: {line:?}")).1
+            };
+            (name.to_owned(), hex(cell(offset_end)), hex(cell(used_end)))
         })
         .collect()
 }
@@ -200,12 +243,13 @@ pub(crate) fn pattern() -> Vec<u8> {
     (0..PATTERN_LEN / 8).flat_map(|_| rng.next().to_le_bytes()).collect()
 }
 
-/// The pc.bios image QEMU loaded, when it can be found (for an extra check).
+/// The pc.bios image QEMU loaded, when it can be found (for an extra check):
+/// bios-256k.bin in the first of QEMU's data directories (`-L help`) that
+/// has one, as QEMU looks for it.
 fn bios_image(len: u64) -> Option<Vec<u8>> {
-    ["/usr/share/qemu/bios-256k.bin", "/usr/share/seabios/bios-256k.bin"]
-        .iter()
-        .filter_map(|p| fs::read(p).ok())
-        .find(|b| b.len() as u64 == len)
+    let dirs = Command::new(qemu_binary()).args(["-L", "help"]).output().ok()?.stdout;
+    let image = String::from_utf8_lossy(&dirs).lines().find_map(|d| fs::read(Path::new(d).join("bios-256k.bin")).ok());
+    image.filter(|b| b.len() as u64 == len)
 }
 
 /// How QEMU migrates and how the destination serves it.
@@ -575,17 +619,26 @@ fn qemu_source_to_rdmamig(pin_all: bool) {
     check_migrated(&mut m, served);
 }
 
-/// The capabilities that make QEMU 7.2 use a return path over RDMA:
-/// `return-path` alone opens no connection for it (see
-/// `qemu_7_2_fails_with_return_path_alone`), `postcopy-ram` does (postcopy
-/// never starts here).
+/// The capabilities that make QEMU (7.2 and later) use a return path over
+/// RDMA: in 7.2 `return-path` alone opens no connection for it (see
+/// `qemu_source_with_return_path_alone`), `postcopy-ram` does (postcopy
+/// never starts here; 10.0 accepts it with RDMA too).
 const RETURN_PATH: &[&str] = &["return-path", "postcopy-ram"];
 
 /// Lines of QEMU's -trace output.
 const RP_PONG_1: &str = "source_return_path_thread_pong 0x1";
 const RP_SHUT_0: &str = "source_return_path_thread_shut 0x0";
-const RP_ENDED_WELL: &str = "migration_return_path_end_after 0";
-const RP_ENDED_BADLY: &str = "migration_return_path_end_after 1";
+const RP_ENDED: &str = "migration_return_path_end_after";
+
+/// QEMU's trace line for its return path's end: 7.2 traces the error (0:
+/// none), 10.0 only the end (its migration's status tells how).
+fn rp_ended(error: u8) -> String {
+    if qemu_version().1 < (10, 0) {
+        format!("{RP_ENDED} {error}")
+    } else {
+        RP_ENDED.to_owned()
+    }
+}
 
 /// QEMU with a return path: the destination keeps QEMU's second connection;
 /// the test, as the hypervisor, answers the PING it finds in the stream with
@@ -593,14 +646,18 @@ const RP_ENDED_BADLY: &str = "migration_return_path_end_after 1";
 /// took both, and it completes.
 #[test]
 fn qemu_source_with_return_path() {
+    migrate_with_return_path("return-path", RETURN_PATH);
+}
+
+fn migrate_with_return_path(tag: &'static str, capabilities: &'static [&'static str]) {
     let config = Config { return_path: true, ..Config::default() };
-    let mut m = Migration::start(&Setup { capabilities: RETURN_PATH, ..Setup::new("return-path", config) });
+    let mut m = Migration::start(&Setup { capabilities, ..Setup::new(tag, config) });
     assert!(m.dest.has_return_path());
     let served = serve(&m.dest, Answer::PongAndShut);
     let ping = check_migrated(&mut m, served);
     assert_eq!(ping, Some(1), "QEMU pings (1) right after opening the return path");
     let log = m.qemu_log();
-    for line in [RP_PONG_1, RP_SHUT_0, RP_ENDED_WELL] {
+    for line in [RP_PONG_1, RP_SHUT_0, &rp_ended(0)] {
         assert!(log.contains(line), "QEMU's trace lacks {line:?}:\n{log}");
     }
     // Both connections are gone.
@@ -609,11 +666,14 @@ fn qemu_source_with_return_path() {
 }
 
 /// Without SHUT, QEMU waits: it has sent everything (the stream ends with
-/// QEMU_VM_EOF and the VM description) and its migration stays "active" for
-/// as long as the return path is open (5 s here); once the destination
-/// closes, QEMU's migration fails.
+/// QEMU_VM_EOF and the VM description) and its migration stays in one state
+/// for as long as the return path is open (5 s here): "active" in QEMU 7.2,
+/// "device" in 10.0 (which always enters it to switch over, where 7.2 did
+/// only with pause-before-switchover). Once the destination closes, QEMU's
+/// migration fails.
 #[test]
 fn qemu_source_waits_for_shut() {
+    let waiting_state = if qemu_version().1 < (10, 0) { "active" } else { "device" };
     let config = Config { return_path: true, ..Config::default() };
     let mut m = Migration::start(&Setup { capabilities: RETURN_PATH, ..Setup::new("no-shut", config) });
     let served = serve(&m.dest, Answer::PongOnly).join().unwrap().unwrap();
@@ -621,7 +681,7 @@ fn qemu_source_waits_for_shut() {
     let waiting = Instant::now();
     while waiting.elapsed() < Duration::from_secs(5) {
         let info = m.qmp.cmd("query-migrate", json!({}));
-        assert_eq!(info["status"], "active", "QEMU without SHUT: {info}");
+        assert_eq!(info["status"], waiting_state, "QEMU without SHUT: {info}");
         thread::sleep(Duration::from_millis(250));
     }
     m.dest.close();
@@ -630,18 +690,24 @@ fn qemu_source_waits_for_shut() {
     eprintln!("[no-shut] QEMU ended {:?} after the destination closed: {info}", closed.elapsed());
     assert_eq!(info["status"], "failed", "{info}");
     let log = m.qemu_log();
-    assert!(log.contains(RP_PONG_1) && log.contains(RP_ENDED_BADLY), "QEMU's trace:\n{log}");
+    assert!(log.contains(RP_PONG_1) && log.contains(&rp_ended(1)), "QEMU's trace:\n{log}");
 }
 
-/// QEMU 7.2 with `return-path` alone (no postcopy-ram) opens no connection
-/// for it (fixed in QEMU 8.0), yet starts its return-path thread: that
-/// thread's first read fails, and closing its file closes the channel the
-/// migration runs on. So QEMU fails the migration right after setup,
-/// whatever the destination does: here the destination gets the stream's
-/// first bytes (up to MIG_CMD_OPEN_RETURN_PATH) and the disconnect, and the
-/// stream never ends in QEMU_VM_EOF.
+/// `return-path` alone (no postcopy-ram). QEMU 7.2 opens no connection for
+/// it (fixed in QEMU 8.0, "migration/rdma: Fix return-path case"), yet
+/// starts its return-path thread: that thread's first read fails, and
+/// closing its file closes the channel the migration runs on. So QEMU 7.2
+/// fails the migration right after setup, whatever the destination does:
+/// here the destination gets the stream's first bytes (up to
+/// MIG_CMD_OPEN_RETURN_PATH) and the disconnect, and the stream never ends
+/// in QEMU_VM_EOF. A later QEMU opens its return path as with postcopy-ram,
+/// and migrates as in `qemu_source_with_return_path`.
 #[test]
-fn qemu_7_2_fails_with_return_path_alone() {
+fn qemu_source_with_return_path_alone() {
+    if qemu_version().1 >= (8, 0) {
+        migrate_with_return_path("return-path-alone", &["return-path"]);
+        return;
+    }
     let setup = Setup { capabilities: &["return-path"], ..Setup::new("return-path-alone", Config::default()) };
     let mut m = Migration::start(&setup);
     let served = serve(&m.dest, Answer::Nothing);
@@ -649,7 +715,7 @@ fn qemu_7_2_fails_with_return_path_alone() {
     assert_eq!(info["status"], "failed", "{info}");
     let log = m.qemu_log();
     assert!(log.contains("source_return_path_thread_bad_end"), "QEMU's trace:\n{log}");
-    assert!(!log.contains("migration_return_path_end_after"), "QEMU got as far as completing:\n{log}");
+    assert!(!log.contains(RP_ENDED), "QEMU got as far as completing:\n{log}");
     let served = served.join().unwrap().unwrap_or_else(|e| panic!("the destination failed otherwise: {e}"));
     eprintln!("[{}] the destination got {} stream bytes, then {:?}", m.tag, served.stream.len(), served.ending);
     assert!(!ends_with_vm_eof(&served.stream), "QEMU sent a whole stream");
@@ -672,8 +738,8 @@ fn return_path_destination_refuses_a_qemu_source_without_one() {
 }
 
 /// QEMU migrating to the destination's IPv6 address (RXE_VM_IP6, which the
-/// harness puts on the RDMA netdev). QEMU 7.2 refuses IPv6 on a host with
-/// RoCE or iWARP devices and no InfiniBand one (`qemu_rdma_broken_ipv6_kernel`):
+/// harness puts on the RDMA netdev). QEMU 7.2 and 10.0 refuse IPv6 on a host
+/// with RoCE or iWARP devices and no InfiniBand one (`qemu_rdma_broken_ipv6_kernel`):
 /// `migrate` fails at once, before any connection request. Where it connects (an InfiniBand
 /// device, or a QEMU without that check), the whole migration is checked.
 #[test]
@@ -695,12 +761,12 @@ fn qemu_source_over_ipv6() {
                 refused.info,
                 refused.log
             );
-            eprintln!("[ipv6] QEMU 7.2 refuses IPv6 over RoCE before connecting: {why}");
+            eprintln!("[ipv6] {} refuses IPv6 over RoCE before connecting: {why}", qemu_version().0);
         }
     }
 }
 
-/// Whether a QEMU 7.2 stream ends as a whole one does: QEMU_VM_EOF (0x00),
+/// Whether a QEMU stream (7.2, 10.0) ends as a whole one does: QEMU_VM_EOF (0x00),
 /// then QEMU_VM_VMDESCRIPTION (0x06), a big-endian u32 length and that many
 /// bytes of JSON, up to the last byte.
 pub(crate) fn ends_with_vm_eof(stream: &[u8]) -> bool {
@@ -764,4 +830,47 @@ fn qemu_source_killed_inside_a_window_is_a_failure() {
         return;
     }
     panic!("no kill landed inside a window in 5 attempts");
+}
+
+/// `info ramblock` as QEMU answers human-monitor-command, verbatim, for
+/// `-M pc -m 64 -device pci-bridge,id=br0,chassis_nr=1 -device e1000,bus=br0,addr=1`
+/// (the e1000's ROM has a name wider than its column).
+const RAMBLOCK_7_2: &str = concat!(
+    "              Block Name    PSize              Offset               Used              Total\r\n",
+    "                  pc.ram    4 KiB  0x0000000000000000 0x0000000004000000 0x0000000004000000\r\n",
+    "    /rom@etc/acpi/tables    4 KiB  0x00000000040c0000 0x0000000000020000 0x0000000000200000\r\n",
+    "                 pc.bios    4 KiB  0x0000000004000000 0x0000000000040000 0x0000000000040000\r\n",
+    "0000:00:02.0:01.0/e1000.rom    4 KiB  0x0000000004080000 0x0000000000040000 0x0000000000040000\r\n",
+    "                  pc.rom    4 KiB  0x0000000004040000 0x0000000000020000 0x0000000000020000\r\n",
+    "   /rom@etc/table-loader    4 KiB  0x00000000042c0000 0x0000000000001000 0x0000000000010000\r\n",
+    "      /rom@etc/acpi/rsdp    4 KiB  0x0000000004300000 0x0000000000001000 0x0000000000001000\r\n",
+);
+const RAMBLOCK_10_0: &str = concat!(
+    "              Block Name    PSize              Offset               Used              Total                HVA  RO\r\n",
+    "                  pc.ram    4 KiB  0x0000000000000000 0x0000000004000000 0x0000000004000000 0x00007f8d3be00000  rw\r\n",
+    "    /rom@etc/acpi/tables    4 KiB  0x00000000040c0000 0x0000000000020000 0x0000000000200000 0x00007f8d46a00000  ro\r\n",
+    "                 pc.bios    4 KiB  0x0000000004000000 0x0000000000040000 0x0000000000040000 0x00007f8d8c400000  ro\r\n",
+    "0000:00:02.0:01.0/e1000.rom    4 KiB  0x0000000004080000 0x0000000000040000 0x0000000000040000 0x00007f8d46e00000  ro\r\n",
+    "                  pc.rom    4 KiB  0x0000000004040000 0x0000000000020000 0x0000000000020000 0x00007f8d8c200000  ro\r\n",
+    "   /rom@etc/table-loader    4 KiB  0x00000000042c0000 0x0000000000001000 0x0000000000010000 0x00007f8d46800000  ro\r\n",
+    "      /rom@etc/acpi/rsdp    4 KiB  0x0000000004300000 0x0000000000001000 0x0000000000001000 0x00007f8d46600000  ro\r\n",
+);
+
+/// Both versions' lists read alike: names, offsets and used lengths, not
+/// QEMU 10's Total, HVA or RO. Needs no RDMA device.
+#[test]
+fn ramblocks_read_by_column_name() {
+    let blocks = [
+        ("pc.ram", 0, 0x400_0000),
+        ("/rom@etc/acpi/tables", 0x40c_0000, 0x2_0000),
+        ("pc.bios", 0x400_0000, 0x4_0000),
+        ("0000:00:02.0:01.0/e1000.rom", 0x408_0000, 0x4_0000),
+        ("pc.rom", 0x404_0000, 0x2_0000),
+        ("/rom@etc/table-loader", 0x42c_0000, 0x1000),
+        ("/rom@etc/acpi/rsdp", 0x430_0000, 0x1000),
+    ]
+    .map(|(name, offset, used)| (name.to_owned(), offset, used));
+    for text in [RAMBLOCK_7_2, RAMBLOCK_10_0] {
+        assert_eq!(parse_ramblocks(text), blocks, "{text}");
+    }
 }

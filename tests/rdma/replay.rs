@@ -1,7 +1,8 @@
 //! rdmamig's source against a real QEMU destination, by record and replay:
-//! a real QEMU 7.2 source migrates into `Recording::record` (an rdmamig
-//! destination that keeps every stream byte, each window's place in the
-//! stream, and the final RAM); the recording goes through its file format;
+//! a real QEMU source (`crate::qemu::qemu_binary`, the same QEMU both ways)
+//! migrates into `Recording::record` (an rdmamig destination that keeps
+//! every stream byte, each window's place in the stream, and the final RAM);
+//! the recording goes through its file format;
 //! then `Recording::replay` (an rdmamig source, extensions off) migrates it
 //! into a real QEMU destination (`-incoming rdma:...`, `-S`, RAM in a
 //! file-backed memory backend). QEMU's destination parses the stream and
