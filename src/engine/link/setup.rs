@@ -510,6 +510,16 @@ impl Request {
             if let Err(e) = resume.check(&data, peer) {
                 return reject(&[], auth_error(format!("refused a connection from {from}: {e}")));
             }
+            // The tag checked out, so the request has a nonce: one admitted before is a replay.
+            let nonce = data.nonce.expect("a recovery request with a valid tag has a nonce");
+            let mut seen = listener.recovery_nonces.lock();
+            if seen.contains(&nonce) {
+                return reject(
+                    &[],
+                    auth_error(format!("refused a connection from {from}: a replayed recovery request")),
+                );
+            }
+            seen.push(nonce);
         }
         if data.caps.version != config.protocol_version {
             // QEMU just drops such a request; rejecting tells the source why.
@@ -522,18 +532,6 @@ impl Request {
                 auth_error(format!("refused a source from {from} that does not authenticate")),
             );
         }
-        if let Admit::Resume(_) = admit {
-            // Checked above: a resume request has a nonce. One admitted before is a replay.
-            let nonce = data.nonce.expect("a recovery request carries a nonce");
-            let mut seen = listener.recovery_nonces.lock();
-            if seen.contains(&nonce) {
-                return reject(
-                    &[],
-                    auth_error(format!("refused a connection from {from}: a replayed recovery request")),
-                );
-            }
-            seen.push(nonce);
-        }
         Ok(Request { id, channel, data, peer, from })
     }
 
@@ -543,11 +541,10 @@ impl Request {
         Error::new(ErrorKind::Connect, format!("refused a connection from {}: {why}", self.from))
     }
 
-    /// Accepts the request and finishes the handshake, within the config's
-    /// handshake timeout, and, if `given_up` is given, until it is set (the
-    /// listener closed):
-    /// the connection established and, with a key, the source's proof
-    /// checked.
+    /// Accepts the request and finishes the handshake (the connection
+    /// established and, with a key, the source's proof checked) within the
+    /// config's handshake timeout, and, if `given_up` is given, until it is
+    /// set (the listener closed).
     fn handshake(
         self,
         config: &Config,
@@ -557,7 +554,7 @@ impl Request {
         given_up: Option<Arc<AtomicBool>>,
         parked: &Mutex<Parked>,
     ) -> Result<Link> {
-        let Request { id, channel, data, peer, from, .. } = self;
+        let Request { id, channel, data, peer, from } = self;
         let deadline = Instant::now() + config.handshake_timeout.min(config.timeout);
         let negotiated = Negotiated::offered(config, ram_bytes).masked(data.caps.flags);
         let resume = match admit {
