@@ -570,9 +570,10 @@ impl Request {
                 return Err(e);
             }
         };
-        // The handshake's waits end when the accept gave it up.
-        let handshake_stop = given_up.clone();
-        let lasting_stop = handshake_stop.as_ref().map(|stop| std::mem::replace(&mut link.stop, stop.clone()));
+        // The handshake's waits end when the listener closes (`given_up`),
+        // a recovery's at the hypervisor's abort (the lost link's stop flag,
+        // which the new link shares).
+        let lasting_stop = given_up.map(|stop| std::mem::replace(&mut link.stop, stop));
         // Masking unknown flags is the whole negotiation: echo what we kept.
         let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
         let reply = Capabilities { version: data.caps.version, flags: negotiated.flags() | resume_flag };
@@ -615,8 +616,7 @@ impl Request {
             // (seen on rxe: RNR retry exceeded). Its SENDs wait for one.
             rnr_retry_count: if resume.is_some() { RNR_RETRY_FOREVER } else { 0 },
         })?;
-        let stop = handshake_stop.as_deref().or(old.map(|o| &*o.stop));
-        expect_event(&channel, CmEventKind::Established, deadline, stop).map_err(|e| {
+        expect_event(&channel, CmEventKind::Established, deadline, Some(&link.stop)).map_err(|e| {
             Error::new(e.kind, format!("the connection from {from} was not established: {}", e.message))
         })?;
         // A QEMU source opens its return path right away: its next request
