@@ -65,6 +65,7 @@ pub mod bench_internals {
 #[doc(hidden)]
 pub mod test_hooks {
     pub use crate::engine::destination::SEVER_AFTER_WINDOWS;
+    pub use crate::engine::link::LAST_RECOVERY_REQUEST;
     pub use crate::engine::postcopy::destination::SEVER_AFTER_PAGES;
     pub use crate::engine::postcopy::source::{DEAF_TO_RECOVERY, RECOVERY_OFFER};
 }

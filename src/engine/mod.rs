@@ -13,7 +13,7 @@ pub(crate) mod destination;
 pub mod device;
 pub mod doctor;
 mod event;
-mod link;
+pub(crate) mod link;
 pub mod logging;
 mod page_buffer;
 mod pagemap;

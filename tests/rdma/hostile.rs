@@ -341,6 +341,8 @@ impl Received {
 pub(crate) struct Refusal {
     pub(crate) kind: CmEventKind,
     private_data: Vec<u8>,
+    /// From the connection request to this answer.
+    pub(crate) took: Duration,
 }
 
 fn wait_event(ch: &EventChannel, deadline: Instant) -> CmEvent {
@@ -421,10 +423,15 @@ impl Peer {
             retry_count: 5,
             rnr_retry_count: 0,
         };
+        let requested = Instant::now();
         peer.id.connect(&param).expect("connect");
         let ev = wait_event(&ch, deadline);
         if ev.kind() != CmEventKind::Established {
-            return Err(Refusal { kind: ev.kind(), private_data: ev.private_data().to_vec() });
+            return Err(Refusal {
+                kind: ev.kind(),
+                private_data: ev.private_data().to_vec(),
+                took: requested.elapsed(),
+            });
         }
         peer.reply = Capabilities::decode(ev.private_data()).expect("accept private data");
         peer.accepted = ev.private_data().to_vec();

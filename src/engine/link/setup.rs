@@ -209,8 +209,13 @@ impl Link {
         let nonce = if config.auth_key.is_some() || resume.is_some() { Some(auth::nonce()?) } else { None };
         let endpoints = Endpoints { source: link.id.local_addr().map(|a| a.ip()), destination: link.id.peer_addr() };
         let recovery_tag = resume.zip(nonce).map(|(r, n)| r.tag(&n, endpoints.source));
+        let private_data = ConnectData { caps, nonce, recovery_tag }.encode();
+        #[cfg(feature = "rdma-tests")]
+        if resume.is_some() {
+            *super::recovery::LAST_RECOVERY_REQUEST.lock() = Some(private_data.clone());
+        }
         link.id.connect(&ConnParam {
-            private_data: &ConnectData { caps, nonce, recovery_tag }.encode(),
+            private_data: &private_data,
             // The device's most (librdmacm's RDMA_MAX_RESP_RES): an rdmamig
             // destination reads this side's RAM in post-copy; QEMU never does.
             // A recovery connection is that destination: it reads, and is not read.
