@@ -394,10 +394,18 @@ impl Peer {
     /// source sends its 8 bytes of capabilities); the destination's answer if
     /// it did not accept.
     pub(crate) fn connect(port: u16, private: &[u8]) -> Result<Peer, Refusal> {
+        Peer::connect_from(None, port, private)
+    }
+
+    /// As `connect`, from the local address `source` if given.
+    pub(crate) fn connect_from(source: Option<IpAddr>, port: u16, private: &[u8]) -> Result<Peer, Refusal> {
         let deadline = Instant::now() + TIMEOUT;
         let ip: IpAddr = rdma_ip().parse().expect("RXE_VM_IP");
         let ch = EventChannel::new().expect("event channel");
         let id = CmId::new(&ch).expect("cm id");
+        if let Some(source) = source {
+            id.bind_addr(&SocketAddr::new(source, 0)).expect("bind the source address");
+        }
         id.resolve_addr(&SocketAddr::new(ip, port), 5000).expect("resolve_addr");
         next_event(&ch, CmEventKind::AddrResolved, deadline);
         id.resolve_route(5000).expect("resolve_route");

@@ -1145,7 +1145,15 @@ fn recovery_listener_refuses_requests_without_the_tokens_proof() {
 /// under the token of a label, the token, the request's nonce and the
 /// address it comes from, truncated to 16 bytes.
 pub(crate) fn recovery_tag(token: &[u8; RECOVERY_TOKEN_LEN], nonce: &[u8; 32]) -> [u8; 16] {
-    let ip: std::net::Ipv4Addr = rdma_ip().parse().unwrap();
+    recovery_tag_from(rdma_ip().parse().unwrap(), token, nonce)
+}
+
+/// As `recovery_tag`, for a request from `ip`.
+pub(crate) fn recovery_tag_from(
+    ip: std::net::Ipv4Addr,
+    token: &[u8; RECOVERY_TOKEN_LEN],
+    nonce: &[u8; 32],
+) -> [u8; 16] {
     let mut mac = Hmac::<Sha256>::new_from_slice(token).unwrap();
     for part in [&b"rdmamig v2: recovery request\0"[..], token, nonce, &[4], &ip.octets(), &[0], &[0, 0]] {
         mac.update(part);

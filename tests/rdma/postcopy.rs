@@ -24,7 +24,7 @@ use rdmamig::{AuthKey, Config, Destination, Ending, ErrorKind, PostcopyPhase, So
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
 use super::hostile::Peer as CraftedSource;
-use super::hostile_source::recovery_tag;
+use super::hostile_source::{recovery_tag, recovery_tag_from};
 use super::memory::Rss;
 use super::migration::{connect, listen, one_block, rdma_ip, read_stream, GuestRam, Rng, PAGE};
 
@@ -1177,5 +1177,51 @@ fn replayed_recovery_request_is_rejected() {
     assert_eq!(closed.unwrap(), Ending::Completed);
     assert_eq!(dest.postcopy_progress().recoveries, 1);
     dest.close();
+    assert!(src.bytes() == dst.bytes(), "the destination's RAM differs after post-copy");
+}
+
+/// Unkeyed peers with post-copy recovery on: while post-copy runs, a
+/// request whose tag proves the token (a host that read it off the control
+/// channel) but that comes from another address than the lost
+/// connection's destination (a second address of this guest's interface)
+/// is rejected; post-copy goes on to the end with no recovery.
+#[test]
+fn recovery_request_from_another_address_is_rejected() {
+    const OTHER: &str = "198.18.0.3";
+    let interface = std::env::var("RXE_VM_IF").expect("RXE_VM_IF (run in scripts/rxe-vm.sh)");
+    let ip = |verb: &str| {
+        let mut command = std::process::Command::new("ip");
+        command.args(["addr", verb, &format!("{OTHER}/24"), "dev", &interface]);
+        command.status().expect("ip addr").success()
+    };
+    assert!(ip("add"), "ip addr add {OTHER}");
+    let config = recovering();
+    let src = GuestRam::new(KILLED_DEST_LEN, 0x3D);
+    let dst = GuestRam::new(KILLED_DEST_LEN, 0xAA);
+    *rdmamig::test_hooks::RECOVERY_OFFER.lock() = None;
+    let (source, dest, stale) = all_stale_with(&src, &config, &dst, &config);
+    let source_side = thread::spawn(move || {
+        let summary = source.postcopy(&stale);
+        (summary, source.close())
+    });
+    dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
+    let (port, token) = rdmamig::test_hooks::RECOVERY_OFFER.lock().expect("the source offered recovery");
+    let nonce = [0x5E; 32];
+    let tag = recovery_tag_from(OTHER.parse().unwrap(), &token, &nonce);
+    let flags = CAP_RDMAMIG_EXT | CAP_RDMAMIG_RESUME;
+    let request = ConnectData { caps: Capabilities::v1(flags), nonce: Some(nonce), recovery_tag: Some(tag) };
+    let refusal = CraftedSource::connect_from(Some(OTHER.parse().unwrap()), port, &request.encode());
+    let refusal = refusal.map(|_| ()).expect_err("a recovery request from another address was accepted");
+    eprintln!("recovery request from {OTHER}: {:?} after {:?}", refusal.kind, refusal.took);
+    assert_eq!(refusal.kind, CmEventKind::Rejected);
+    let progress = dest.postcopy_progress();
+    assert!(progress.pages_remaining > 0, "post-copy ended before the request: {progress:?}");
+    dest.wait_postcopy(PostcopyPhase::Done, Some(Duration::from_secs(120))).unwrap();
+    let (summary, closed) = source_side.join().unwrap();
+    summary.expect("post-copy over its first connection");
+    assert_eq!(closed.unwrap(), Ending::Completed);
+    assert_eq!(dest.postcopy_progress().recoveries, 0, "a recovery happened");
+    dest.close();
+    assert!(ip("del"), "ip addr del {OTHER}");
     assert!(src.bytes() == dst.bytes(), "the destination's RAM differs after post-copy");
 }
