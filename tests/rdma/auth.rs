@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
+use rdmamig::verbs::CmEventKind;
 use rdmamig::wire::{
     self, AcceptData, AuthChallenge, AuthProof, Capabilities, CommandType, ConnectData, MessageWriter,
     CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT, PROTOCOL_VERSION,
@@ -404,4 +405,38 @@ fn concurrent_accepts_match_return_paths_to_their_migration() {
             got.into_iter().for_each(|d| d.close());
         });
     }
+}
+
+/// A keyed accept runs at most 8 handshakes at once: with 8 silent peers
+/// connected, a ninth request is rejected at once; once their handshake
+/// timeout passed, the real source is admitted and migrates.
+#[test]
+fn handshakes_in_progress_are_capped() {
+    let config = Config { handshake_timeout: Duration::from_secs(3), ..keyed(KEY) };
+    let src_ram = GuestRam::new(RAM, 0x5A);
+    let dst_ram = GuestRam::new(RAM, FILL);
+    let (listener, port) = listen(&config);
+    let registry = one_block(&dst_ram, RAM);
+    let accept = thread::spawn(move || {
+        let dest = Destination::accept(&listener, &registry, Some(Duration::from_secs(60)))?;
+        let ending = dest.wait_end(Some(Duration::from_secs(60)));
+        dest.close();
+        ending
+    });
+    let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some([7; 32]), recovery_tag: None };
+    let silent: Vec<Peer> = (0..8)
+        .map(|i| Peer::connect(port, &hello.encode()).unwrap_or_else(|r| panic!("silent peer {i}: {r:?}")))
+        .collect();
+    let ninth = Peer::connect(port, &hello.encode()).map(|_| ()).expect_err("a ninth handshake was accepted");
+    eprintln!("the ninth request: {:?} after {:?}", ninth.kind, ninth.took);
+    assert_eq!(ninth.kind, CmEventKind::Rejected);
+    thread::sleep(config.handshake_timeout);
+    let source = Source::connect(&rdma_ip(), port, &config, &one_block(&src_ram, RAM)).expect("the real source");
+    source.iteration_begin().unwrap();
+    source.save(0, 0, RAM).unwrap();
+    source.iteration_end().unwrap();
+    assert_eq!(source.close().unwrap(), rdmamig::Ending::Completed);
+    assert_eq!(accept.join().unwrap().expect("the destination's migration"), rdmamig::Ending::Completed);
+    assert!(src_ram.bytes() == dst_ram.bytes(), "the destination's RAM differs from the source's");
+    drop(silent);
 }
