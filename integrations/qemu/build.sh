@@ -39,7 +39,8 @@ TOOLS_PKGS=(meson seabios)
 BUILD_PKGS=(gcc pkg-config ninja-build python3-venv dpkg-dev libglib2.0-dev libpixman-1-dev
             libibverbs-dev librdmacm-dev)
 CONFIGURE_OPTS=(--target-list=x86_64-softmmu --without-default-features --enable-rdma
-                --enable-kvm --disable-docs --disable-download --disable-tools)
+                --enable-kvm --disable-docs --disable-download --disable-tools
+                --disable-install-blobs)
 TARGETS=(qemu-system-x86_64 tests/qtest/migration-test)
 # The firmware directories of the launcher: seabios's bios-256k.bin,
 # qemu-system-data's option ROMs, ipxe-qemu's NIC ROMs (q35's e1000e).
