@@ -6,7 +6,7 @@
 #   integrations/qemu/test.sh
 #
 # Fails unless each case in RDMA_CASES passed: a case migration-test skips
-# (no rdma link, `ulimit -l` too small) is a failure here.  Needs root (as
+# (no rdma link; not root and `ulimit -l` too small) is a failure here.  Needs root (as
 # scripts/rxe-vm.sh); builds first when the build is not cached.
 # In the guest it runs itself as `test.sh --in-guest BUILD_DIR`.
 set -euo pipefail
