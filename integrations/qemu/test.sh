@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # test.sh -- QEMU's own RDMA migration tests (migration-test's
-# /x86_64/migration/precopy/rdma/plain and .../plain/ipv6) with the build of build.sh, stock and
-# patched (once when patched = stock), in one scripts/rxe-vm.sh guest.
+# /x86_64/migration/precopy/rdma/plain and .../plain/ipv6) with the build of
+# build.sh, stock and patched (once when patched = stock), in one
+# scripts/rxe-vm.sh guest.
 #
 #   integrations/qemu/test.sh
 #
 # Fails unless each case in RDMA_CASES passed: a case migration-test skips
-# (no rdma link; not root and `ulimit -l` too small) is a failure here.  Needs root (as
-# scripts/rxe-vm.sh); builds first when the build is not cached.
-# In the guest it runs itself as `test.sh --in-guest BUILD_DIR`.
+# (no rdma link; not root and `ulimit -l` too small) is a failure here.
+# Needs root (as scripts/rxe-vm.sh); builds first when the build is not
+# cached.  In the guest it runs itself as `test.sh --in-guest BUILD_DIR`.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
