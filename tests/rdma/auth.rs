@@ -22,7 +22,7 @@ use rdmamig::{AuthKey, Config, Destination, ErrorKind, Source};
 use sha2::{Digest, Sha256};
 
 use crate::hostile::{GuardedRam, Peer};
-use crate::migration::{listen, live_mrs, migrate, one_block, rdma_ip, GuestRam};
+use crate::migration::{connect, listen, live_mrs, migrate, one_block, rdma_ip, read_stream, GuestRam};
 
 const RAM: u64 = 8 << 20;
 const FILL: u8 = 0xA5;
@@ -439,4 +439,22 @@ fn handshakes_in_progress_are_capped() {
     assert_eq!(accept.join().unwrap().expect("the destination's migration"), rdmamig::Ending::Completed);
     assert!(src_ram.bytes() == dst_ram.bytes(), "the destination's RAM differs from the source's");
     drop(silent);
+}
+
+/// Keyed peers carry a device state larger than one control message
+/// (2 MiB and a bit: whole messages, each with its tag) byte-identical.
+#[test]
+fn keyed_peers_carry_a_stream_of_many_full_messages() {
+    let config = keyed(KEY);
+    let src_ram = GuestRam::new(RAM, 0x11);
+    let dst_ram = GuestRam::new(RAM, FILL);
+    let (source, dest) = connect(&one_block(&src_ram, RAM), &config, one_block(&dst_ram, RAM), &config);
+    assert!(source.negotiated().authenticated);
+    let stream: Vec<u8> = (0..(2 << 20) + 4321u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    source.put(&stream).unwrap();
+    source.flush().unwrap();
+    assert!(read_stream(&dest, stream.len()) == stream, "the stream differs");
+    assert_eq!(source.close().unwrap(), rdmamig::Ending::Completed);
+    assert_eq!(dest.wait_end(Some(Duration::from_secs(30))).unwrap(), rdmamig::Ending::Completed);
+    dest.close();
 }

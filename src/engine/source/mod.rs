@@ -30,7 +30,7 @@ use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::sync::Done;
 use crate::engine::{Config, Ending};
-use crate::wire::{MAX_PAYLOAD, SEND_INCREMENT};
+use crate::wire::{CONTROL_TAG_LEN, MAX_PAYLOAD, SEND_INCREMENT};
 use crate::{Error, ErrorKind, Result};
 use front::Front;
 use transfer::Engine;
@@ -343,7 +343,9 @@ impl Source {
 
     /// Queues the buffered stream bytes as messages: whole pieces only, or all.
     fn queue_stream(&self, outgoing: &mut Vec<u8>, all: bool) -> Result<()> {
-        let piece = if self.negotiated.extensions { MAX_PAYLOAD } else { SEND_INCREMENT };
+        // An rdmamig peer takes whole messages, less the room an
+        // authenticated connection's tag takes; QEMU reads 32 KiB pieces.
+        let piece = if self.negotiated.extensions { MAX_PAYLOAD - CONTROL_TAG_LEN } else { SEND_INCREMENT };
         let whole = if all { outgoing.len() } else { outgoing.len() / piece * piece };
         for chunk in outgoing[..whole].chunks(piece) {
             self.shared.front.push(Command::Stream(chunk.to_vec()))?;
