@@ -56,6 +56,11 @@ impl Link {
                 "the source from {from} failed to prove the pre-shared key for this connection (the keys differ, a \
                  host in between relays the connection, or the peer runs rdmamig older than 0.12)"
             ),
+            // A peer that sent nothing (or is gone) gets no ERROR: waiting
+            // for it to take one would hold this handshake past its deadline.
+            Err(e) if matches!(e.kind, ErrorKind::Timeout | ErrorKind::Disconnected | ErrorKind::Aborted) => {
+                return Err(auth_error(format!("the source from {from} did not authenticate: {}", e.message)))
+            }
             Err(e) => format!("the source from {from} did not authenticate: {}", e.message),
         };
         self.send_error();
