@@ -318,6 +318,20 @@ fn control_messages_after_the_handshake_are_tagged() {
 
 // ---- A pending keyed accept and the requests that must not end it ----
 
+/// A destination listening with `config` over `ram`, accepting one source
+/// in a thread (up to a minute) and waiting for its migration's end.
+fn accept_one(config: &Config, ram: &GuestRam) -> (u16, thread::JoinHandle<rdmamig::Result<rdmamig::Ending>>) {
+    let (listener, port) = listen(config);
+    let registry = one_block(ram, RAM);
+    let accept = thread::spawn(move || {
+        let dest = Destination::accept(&listener, &registry, Some(Duration::from_secs(60)))?;
+        let ending = dest.wait_end(Some(Duration::from_secs(60)));
+        dest.close();
+        ending
+    });
+    (port, accept)
+}
+
 /// A keyed destination's accept is pending. A request with version 2, a
 /// connection that never sends its proof, and a source with another key
 /// each come first; the accept goes on listening through all three (the
@@ -331,14 +345,7 @@ fn pending_keyed_accept_outlasts_bad_requests_and_admits_the_real_source() {
         src_ram.write_u64(page * 4096, page.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     }
     let dst_ram = GuestRam::new(RAM, FILL);
-    let (listener, port) = listen(&config);
-    let registry = one_block(&dst_ram, RAM);
-    let accept = thread::spawn(move || {
-        let dest = Destination::accept(&listener, &registry, Some(Duration::from_secs(60)))?;
-        let ending = dest.wait_end(Some(Duration::from_secs(60)));
-        dest.close();
-        ending
-    });
+    let (port, accept) = accept_one(&config, &dst_ram);
 
     let refusal = Peer::connect(port, &Capabilities { version: 2, flags: OFFERED }.encode()).map(|_| ());
     let refusal = refusal.expect_err("a version-2 request was accepted");
@@ -415,14 +422,7 @@ fn handshakes_in_progress_are_capped() {
     let config = Config { handshake_timeout: Duration::from_secs(3), ..keyed(KEY) };
     let src_ram = GuestRam::new(RAM, 0x5A);
     let dst_ram = GuestRam::new(RAM, FILL);
-    let (listener, port) = listen(&config);
-    let registry = one_block(&dst_ram, RAM);
-    let accept = thread::spawn(move || {
-        let dest = Destination::accept(&listener, &registry, Some(Duration::from_secs(60)))?;
-        let ending = dest.wait_end(Some(Duration::from_secs(60)));
-        dest.close();
-        ending
-    });
+    let (port, accept) = accept_one(&config, &dst_ram);
     let hello = ConnectData { caps: Capabilities::v1(OFFERED), nonce: Some([7; 32]), recovery_tag: None };
     let silent: Vec<Peer> = (0..8)
         .map(|i| Peer::connect(port, &hello.encode()).unwrap_or_else(|r| panic!("silent peer {i}: {r:?}")))

@@ -33,7 +33,7 @@ mod seal;
 mod setup;
 
 #[cfg(feature = "rdma-tests")]
-pub use recovery::LAST_RECOVERY_REQUEST;
+pub use setup::LAST_RECOVERY_REQUEST;
 pub use setup::{Listener, Negotiated};
 
 /// Work-request ids. They never travel on the wire.

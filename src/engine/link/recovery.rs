@@ -140,11 +140,6 @@ impl Link {
     }
 }
 
-/// For the RDMA tests: the private data of the last recovery connection
-/// request made, as a host on the path could record it.
-#[cfg(feature = "rdma-tests")]
-pub static LAST_RECOVERY_REQUEST: parking_lot::Mutex<Option<Vec<u8>>> = parking_lot::Mutex::new(None);
-
 #[cfg(feature = "rdma-tests")]
 impl Link {
     /// Failure injection for the RDMA tests: this side's QPs go to the error

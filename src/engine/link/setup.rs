@@ -212,7 +212,7 @@ impl Link {
         let private_data = ConnectData { caps, nonce, recovery_tag }.encode();
         #[cfg(feature = "rdma-tests")]
         if resume.is_some() {
-            *super::recovery::LAST_RECOVERY_REQUEST.lock() = Some(private_data.clone());
+            *LAST_RECOVERY_REQUEST.lock() = Some(private_data.clone());
         }
         link.id.connect(&ConnParam {
             private_data: &private_data,
@@ -717,6 +717,11 @@ impl Parked {
         }
     }
 }
+
+/// For the RDMA tests: the private data of the last recovery connection
+/// request made, as a host on the path could record it.
+#[cfg(feature = "rdma-tests")]
+pub static LAST_RECOVERY_REQUEST: parking_lot::Mutex<Option<Vec<u8>>> = parking_lot::Mutex::new(None);
 
 /// The status of a REJECTED event when nothing listens at the port: the IB
 /// CM's reason IB_CM_REJ_INVALID_SERVICE_ID (RoCE, InfiniBand), or
