@@ -140,6 +140,26 @@ else
     host_fail rust:rdma "cargo build failed, see above"
 fi
 
+# QEMU 10.2 built from Debian's source, stock and on librdmamig
+# (integrations/qemu/: build.sh builds once per machine, then its cache
+# answers): QEMU's own migration-test RDMA cases for each pair of source and
+# destination (about a minute each), and the QEMU interop tests above with
+# stock 10.2 as the peer.  Not when ARGS select tests.
+if [ $# = 0 ]; then
+    if qemu_dir=$(integrations/qemu/build.sh); then
+        for pair in patched patched-to-stock stock-to-patched; do
+            add_step "qemu-10.2:$pair" env RDMAMIG_LIBDIR="$PWD/target/lib" \
+                "$PWD/integrations/qemu/test.sh" --in-guest "$qemu_dir" "$pair"
+        done
+        if [ -n "${bin:-}" ] && [ -n "${qemu_tests:-}" ]; then
+            add_step rust:rdma-qemu-10.2 env RDMAMIG_QEMU="$qemu_dir/stock/qemu-system-x86_64" \
+                "$bin" --test-threads=1 --exact $qemu_tests
+        fi
+    else
+        host_fail qemu-10.2 "integrations/qemu/build.sh failed, see above"
+    fi
+fi
+
 c_tests=0
 for t in target/c-tests/rdma_test_*; do
     [ -f "$t" ] && [ -x "$t" ] || continue

@@ -4,13 +4,15 @@
 #
 #   integrations/qemu/build.sh      -> prints DIR (the only line on stdout)
 #
-# DIR/stock and DIR/patched each hold:
+# DIR/stock and DIR/patched (links to the two builds) each hold:
 #   qemu-system-x86_64   a launcher that runs the build with Debian's firmware
-#                        (-L: the +ds source has no ROMs)
+#                        (-L: the +ds source has no ROMs) and, if
+#                        RDMAMIG_LIBDIR is set, with the librdmamig.so.0 there
 #   migration-test       QEMU's tests/qtest/migration-test; run it in this
 #                        directory (it runs scripts/rdma-migration-helper.sh)
 #                        with QTEST_QEMU_BINARY=$PWD/qemu-system-x86_64
-# Without patches, DIR/patched is a link to DIR/stock (built once).
+# The patched QEMU links librdmamig: built against this checkout's library
+# (run make first) unless RDMAMIG_PKG_CONFIG_PATH points at another.
 #
 # The source is Debian's qemu source package (QEMU_DEB_VERSION, the one
 # version pin), fetched with `apt-get source` through a private apt source
@@ -21,15 +23,19 @@
 # scripts/rxe-vm.sh's QEMU 10.0 peer) come from bookworm-backports, unpacked
 # into CACHE, not installed.  The build packages are installed with apt-get.
 #
-# The result is cached in CACHE/qemu-VERSION-KEY, KEY a hash of the patches
-# and the configure options: a second run only prints DIR.  Remove the
-# directory to build again.  Building needs root (apt-get); a variant took
-# about 3 minutes with 2 idle cores, 10 with 2 busy ones.
+# Each build is cached: CACHE/qemu-VERSION-stock-KEY, KEY a hash of the
+# configure options and targets, and CACHE/qemu-VERSION-patched-KEY, KEY
+# also covering the patches and include/rdmamig.h.  A second run only prints
+# DIR.  Remove a directory to build it again.  Building needs root
+# (apt-get); a variant took about 3 minutes with 2 idle cores, 10 with 2
+# busy ones.
 #
 # Environment (all optional):
 #   RXE_VM_CACHE    cache root, as scripts/rxe-vm.sh (default /var/cache/rxe-vm);
 #                   the builds go to RXE_VM_CACHE/qemu-build (CACHE above)
 #   QEMU_BUILD_JOBS ninja's -j (default: the number of cores)
+#   RDMAMIG_PKG_CONFIG_PATH  where rdmamig.pc is, to build against an
+#                   installed librdmamig instead of this checkout's
 set -euo pipefail
 
 QEMU_DEB_VERSION=1:10.2.2+ds-1
@@ -58,19 +64,30 @@ T0=$SECONDS
 shopt -s nullglob
 PATCHES=("$HERE"/patches/*.patch)
 shopt -u nullglob
-KEY=$({ printf '%s\n' "${CONFIGURE_OPTS[@]}" "${TARGETS[@]}"
-        for p in "${PATCHES[@]}"; do basename "$p"; cat "$p"; done; } | sha256sum | cut -c1-12)
-OUT=$CACHE/qemu-${QEMU_DEB_VERSION#*:}-$KEY
+[ ${#PATCHES[@]} -gt 0 ] || die "no patches in $HERE/patches"
+REPO=$(cd "$HERE/../.." && pwd -P)
+VERSION=${QEMU_DEB_VERSION#*:}
+# The stock build is keyed by what configures and builds it; the patched one
+# also by the patches and the library's header they compile against (the
+# library itself is linked at run time: its ABI is kept).
+STOCK_KEY=$({ printf '%s\n' "${CONFIGURE_OPTS[@]}" "${TARGETS[@]}"; } | sha256sum | cut -c1-12)
+PATCHED_KEY=$({ echo "$STOCK_KEY"; for p in "${PATCHES[@]}"; do basename "$p"; cat "$p"; done
+                cat "$REPO/include/rdmamig.h"; } | sha256sum | cut -c1-12)
+STOCK=$CACHE/qemu-$VERSION-stock-$STOCK_KEY
+PATCHED=$CACHE/qemu-$VERSION-patched-$PATCHED_KEY
+OUT=$CACHE/qemu-$VERSION-$PATCHED_KEY
 TOOLS=$CACHE/tools-$TOOLS_SUITE
 
 # launcher VARIANT_DIR: (re)write VARIANT_DIR/qemu-system-x86_64, which runs
-# the build (in libexec/) with the firmware.  Written on every run: cheap, and
-# firmware changes need no rebuild.
+# the build (in libexec/) with the firmware, and with librdmamig from
+# $RDMAMIG_LIBDIR when that is set (otherwise from the system's library
+# path).  Written on every run: cheap, and firmware changes need no rebuild.
 launcher() {
     local d=$1 rom
     {
         echo '#!/bin/sh'
         echo "# QEMU $QEMU_DEB_VERSION built by integrations/qemu/build.sh, with Debian's firmware."
+        echo 'export LD_LIBRARY_PATH="${RDMAMIG_LIBDIR:+$RDMAMIG_LIBDIR${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH:-}"'
         printf 'exec %q' "$d/libexec/qemu-system-x86_64"
         for rom in "$TOOLS/usr/share/seabios" "${ROM_DIRS[@]}"; do printf ' -L %q' "$rom"; done
         echo ' "$@"'
@@ -79,20 +96,25 @@ launcher() {
     mv "$d/qemu-system-x86_64.tmp" "$d/qemu-system-x86_64"
 }
 
+built() { [ -f "$STOCK/.done" ] && [ -f "$PATCHED/.done" ] && [ -d "$TOOLS/usr/share/seabios" ]; }
+
 finish() {
     local v
-    for v in stock patched; do [ -L "$OUT/$v" ] || launcher "$OUT/$v"; done
+    for v in "$STOCK" "$PATCHED"; do launcher "$v"; done
+    mkdir -p "$OUT"
+    ln -sfn "$STOCK" "$OUT/stock"
+    ln -sfn "$PATCHED" "$OUT/patched"
     log "QEMU $QEMU_DEB_VERSION in $OUT ($((SECONDS - T0))s)"
     echo "$OUT"
     exit 0
 }
-[ -f "$OUT/.done" ] && [ -d "$TOOLS/usr/share/seabios" ] && finish
+built && finish
 
 [ "$(id -u)" = 0 ] || die "must run as root (apt-get) to build $OUT"
 mkdir -p "$CACHE"
 exec 9> "$CACHE/.lock"
 flock 9
-[ -f "$OUT/.done" ] && [ -d "$TOOLS/usr/share/seabios" ] && finish
+built && finish
 
 install_build_pkgs() {
     local missing
@@ -140,7 +162,7 @@ fetch_tools() {
 
 # The source package's files -> $CACHE/src
 fetch_source() {
-    local dsc=$CACHE/src/qemu_${QEMU_DEB_VERSION#*:}.dsc
+    local dsc=$CACHE/src/qemu_$VERSION.dsc
     [ -f "$dsc" ] && return
     log "downloading the source of qemu $QEMU_DEB_VERSION ($QEMU_SOURCE_SUITE)"
     mkdir -p "$CACHE/src"
@@ -148,33 +170,61 @@ fetch_source() {
         die "apt-get source qemu=$QEMU_DEB_VERSION ($QEMU_SOURCE_SUITE) failed"
 }
 
-# build VARIANT PATCH...: unpack the source (Debian's patches applied, among
-# them the skipping of the edk2 blobs the +ds source lacks), apply the
-# PATCHes, configure, build TARGETS and keep them in $WORK/out/VARIANT.
+# librdmamig for the patched build, found with pkg-config as QEMU's meson
+# looks for it: $RDMAMIG_PKG_CONFIG_PATH when set (e.g. the directory of an
+# installed rdmamig.pc), otherwise this checkout's library (`make` first),
+# staged in $1 with its header and a rdmamig.pc.
+stage_library() {
+    local stage=$1 version
+    if [ -n "${RDMAMIG_PKG_CONFIG_PATH:-}" ]; then
+        echo "$RDMAMIG_PKG_CONFIG_PATH"
+        return
+    fi
+    [ -e "$REPO/target/lib/librdmamig.so" ] ||
+        die "no $REPO/target/lib/librdmamig.so: run make in $REPO first (or set RDMAMIG_PKG_CONFIG_PATH)"
+    version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/Cargo.toml" | head -n1)
+    mkdir -p "$stage/lib/pkgconfig" "$stage/include"
+    cp -P "$REPO"/target/lib/librdmamig.so* "$stage/lib/"
+    cp "$REPO/include/rdmamig.h" "$stage/include/"
+    sed -e "s|@PREFIX@|$stage|g" -e "s|@EXEC_PREFIX@|$stage|g" -e "s|@LIBDIR@|$stage/lib|g" \
+        -e "s|@INCLUDEDIR@|$stage/include|g" -e "s|@VERSION@|$version|g" \
+        "$REPO/pkgconfig/rdmamig.pc.in" > "$stage/lib/pkgconfig/rdmamig.pc"
+    echo "$stage/lib/pkgconfig"
+}
+
+# build VARIANT DEST PATCH...: unpack the source (Debian's patches applied,
+# among them the skipping of the edk2 blobs the +ds source lacks), apply the
+# PATCHes, configure, build TARGETS and keep them in DEST.
 build() {
-    local variant=$1 src=$WORK/$1 p t0=$SECONDS
-    shift
+    local variant=$1 dest=$2 src=$WORK/$1 p t0=$SECONDS pc_path=
+    shift 2
+    [ -f "$dest/.done" ] && return
     log "$variant: unpacking and patching"
-    dpkg-source -x "$CACHE/src/qemu_${QEMU_DEB_VERSION#*:}.dsc" "$src" > /dev/null ||
+    dpkg-source -x "$CACHE/src/qemu_$VERSION.dsc" "$src" > /dev/null ||
         die "dpkg-source -x failed"
     for p in "$@"; do
         patch -d "$src" -p1 --batch --quiet < "$p" || die "$(basename "$p") does not apply to QEMU $QEMU_DEB_VERSION"
     done
+    [ $# -gt 0 ] && pc_path=$(stage_library "$WORK/rdmamig")
     mkdir "$src/build"
     log "$variant: configuring and building ${TARGETS[*]} (-j$JOBS; log: $src/build/build.log)"
     # Debian's python, which the unpacked meson is for (not a pyenv's);
     # ninja runs meson too.
     if ! (cd "$src/build" && export PYTHONPATH="$TOOLS/usr/lib/python3/dist-packages" &&
+          export PKG_CONFIG_PATH="$pc_path${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" &&
           ../configure --python=/usr/bin/python3 "${CONFIGURE_OPTS[@]}" &&
           ninja -j "$JOBS" "${TARGETS[@]}") > "$src/build/build.log" 2>&1; then
         tail -30 "$src/build/build.log" >&2
         die "$variant: the build failed (log above)"
     fi
-    mkdir -p "$WORK/out/$variant/libexec" "$WORK/out/$variant/scripts"
-    cp "$src/build/qemu-system-x86_64" "$WORK/out/$variant/libexec/"
-    cp "$src/build/tests/qtest/migration-test" "$WORK/out/$variant/"
-    cp "$src/scripts/rdma-migration-helper.sh" "$WORK/out/$variant/scripts/"
-    rm -rf "$src"
+    rm -rf "$dest.tmp"
+    mkdir -p "$dest.tmp/libexec" "$dest.tmp/scripts"
+    cp "$src/build/qemu-system-x86_64" "$dest.tmp/libexec/"
+    cp "$src/build/tests/qtest/migration-test" "$dest.tmp/"
+    cp "$src/scripts/rdma-migration-helper.sh" "$dest.tmp/scripts/"
+    rm -rf "$src" "$dest"
+    touch "$dest.tmp/.done"
+    mv "$dest.tmp" "$dest"
     log "$variant: built in $((SECONDS - t0))s"
 }
 
@@ -183,14 +233,6 @@ fetch_tools
 fetch_source
 WORK=$(mktemp -d "$CACHE/work.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-build stock
-if [ ${#PATCHES[@]} = 0 ]; then
-    log "no patches in $HERE/patches: patched = stock"
-    ln -s stock "$WORK/out/patched"
-else
-    build patched "${PATCHES[@]}"
-fi
-rm -rf "$OUT"
-mv "$WORK/out" "$OUT"
-touch "$OUT/.done"
+build stock "$STOCK"
+build patched "$PATCHED" "${PATCHES[@]}"
 finish
