@@ -143,11 +143,12 @@ fi
 # QEMU 10.2 built from Debian's source, stock and on librdmamig
 # (integrations/qemu/: build.sh builds once per machine, then its cache
 # answers): QEMU's own migration-test RDMA cases for each pair of source and
-# destination (about a minute each), and the QEMU interop tests above with
-# stock 10.2 as the peer.  Not when ARGS select tests.
+# destination (about a minute each), a running Linux guest migrated on
+# through stock and patched QEMUs (guest-test.py), and the QEMU interop tests
+# above with stock 10.2 as the peer.  Not when ARGS select tests.
 if [ $# = 0 ]; then
     if qemu_dir=$(integrations/qemu/build.sh); then
-        for pair in patched patched-to-stock stock-to-patched; do
+        for pair in patched patched-to-stock stock-to-patched guest; do
             add_step "qemu-10.2:$pair" env RDMAMIG_LIBDIR="$PWD/target/lib" \
                 "$PWD/integrations/qemu/test.sh" --in-guest "$qemu_dir" "$pair"
         done

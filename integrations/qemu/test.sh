@@ -6,8 +6,11 @@
 #   patched            patched -> patched (librdmamig on both sides)
 #   patched-to-stock   patched source, stock QEMU 10.2 destination
 #   stock-to-patched   stock QEMU 10.2 source, patched destination
+# and a running Linux guest migrated on through stock and patched QEMUs
+# (guest-test.py):
+#   guest
 #
-#   integrations/qemu/test.sh [PAIR...]      (default: all three)
+#   integrations/qemu/test.sh [PAIR...]      (default: all four)
 #
 # Fails unless each case passed for each pair: a case migration-test skips
 # (no rdma link; not root and `ulimit -l` too small) is a failure here.
@@ -23,7 +26,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 # both (-p .../rdma runs plain alone).
 TEST_PATH=/x86_64/migration/precopy/rdma/plain
 RDMA_CASES=("$TEST_PATH" "$TEST_PATH/ipv6")
-PAIRS=(patched patched-to-stock stock-to-patched)
+PAIRS=(patched patched-to-stock stock-to-patched guest)
 export RDMAMIG_LIBDIR=${RDMAMIG_LIBDIR:-$(cd "$HERE/../.." && pwd -P)/target/lib}
 
 # run_pair DIR PAIR: migration-test with PAIR's binaries; 1 unless every case passed.
@@ -38,6 +41,7 @@ run_pair() {
                                QTEST_QEMU_BINARY_SRC="$dir/patched/qemu-system-x86_64") ;;
         stock-to-patched) env=(QTEST_QEMU_BINARY="$dir/stock/qemu-system-x86_64"
                                QTEST_QEMU_BINARY_DST="$dir/patched/qemu-system-x86_64") ;;
+        guest) /usr/bin/python3 "$HERE/guest-test.py" "$dir"; return ;;
         *) echo "test.sh: unknown pair '$pair' (one of: ${PAIRS[*]})" >&2; return 2 ;;
     esac
     log=$(mktemp)

@@ -1,0 +1,304 @@
+#!/usr/bin/python3
+"""guest-test.py BUILD_DIR -- a running Linux guest migrated on through QEMU
+10.2 stock and patched (librdmamig), over rdma in an rxe guest.
+
+Runs inside scripts/rxe-vm.sh's guest (integrations/qemu/test.sh's pair
+"guest").  One Linux guest (the harness's kernel, guest/memcheck-init.c as
+init, a virtio-serial device) boots once under the patched QEMU and is
+migrated from QEMU to QEMU, each time to a new destination process:
+
+  patched -> patched  dynamic          patched -> stock    pin-all
+  stock   -> patched  dynamic          patched -> patched  pin-all, keyed
+  patched -> stock    dynamic          stock   -> patched  pin-all
+
+After each migration query-migrate must say completed (its total time and
+downtime are printed), the destination must run, and the guest's own check
+must report its memory intact twice on the destination (the second pass
+verified every page written before and during the migration); the
+destination's virtio-serial and serial files hold only what the guest
+printed there.  Then two failures:
+
+  - a source with another key than the destination's: refused before any
+    RAM moves (query-migrate failed, with the library's message in its
+    error-desc, no RAM transferred); the source guest goes on running;
+  - the source killed mid-transfer (patched -> patched): the destination
+    fails the migration and exits without ever running the guest.
+
+Exits 0 only if every step held.  RDMAMIG_LIBDIR must name the directory of
+librdmamig.so.0 for the patched QEMU.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GUEST_MIB = 256
+CHAIN = [  # (source, destination, pin_all, keyed)
+    ("patched", "patched", False, False),
+    ("patched", "stock", True, False),
+    ("stock", "patched", False, False),
+    ("patched", "patched", True, True),
+    ("patched", "stock", False, False),
+    ("stock", "patched", True, False),
+]
+MIGRATE_TIMEOUT = 300
+PASS_TIMEOUT = 300
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+class Qmp:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        for _ in range(300):
+            try:
+                self.sock.connect(path)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"no QMP socket {path}")
+        self.file = self.sock.makefile("rw")
+        json.loads(self.file.readline())
+        self.cmd("qmp_capabilities")
+
+    def cmd(self, name, **args):
+        self.file.write(json.dumps({"execute": name, "arguments": args}) + "\n")
+        self.file.flush()
+        while True:
+            reply = json.loads(self.file.readline())
+            if "event" not in reply:
+                return reply
+
+    def ok(self, name, **args):
+        reply = self.cmd(name, **args)
+        if "error" in reply:
+            raise RuntimeError(f"{name}: {reply['error']['desc']}")
+        return reply["return"]
+
+
+class Vm:
+    """One QEMU process running (or about to receive) the test guest."""
+    count = 0
+
+    def __init__(self, env, variant, incoming=False):
+        Vm.count += 1
+        self.name = f"{Vm.count}-{variant}"
+        self.variant = variant
+        self.env = env
+        d = env.dir
+        self.vport = os.path.join(d, self.name + ".vport")
+        self.serial = os.path.join(d, self.name + ".serial")
+        args = [os.path.join(env.build, variant, "qemu-system-x86_64"),
+                "-M", "q35", "-m", str(GUEST_MIB), "-accel", "tcg", "-display", "none",
+                "-nodefaults", "-kernel", env.kernel, "-initrd", env.initrd,
+                "-append", "console=ttyS0 quiet " + env.append,
+                "-serial", "file:" + self.serial,
+                "-device", "virtio-serial-pci",
+                "-chardev", f"file,id=vport,path={self.vport}",
+                "-device", "virtserialport,chardev=vport,name=memcheck",
+                "-qmp", f"unix:{d}/{self.name}.qmp,server=on,wait=off"]
+        for key, path in env.keys.items():
+            args += ["-object", f"secret,id={key},file={path},format=raw"]
+        if incoming:
+            args += ["-incoming", "defer"]
+        self.stderr = open(os.path.join(d, self.name + ".log"), "w")
+        self.proc = subprocess.Popen(args, stdout=self.stderr, stderr=subprocess.STDOUT)
+        self.qmp = Qmp(f"{d}/{self.name}.qmp")
+
+    def prepare(self, pin_all, key):
+        self.qmp.ok("migrate-set-capabilities",
+                    capabilities=[{"capability": "rdma-pin-all", "state": pin_all}])
+        if key is not None:
+            self.qmp.ok("migrate-set-parameters", **{"x-rdma-auth-secret": key})
+
+    def passes(self):
+        """The guest's check lines printed by this process: (ok count, corrupt lines)."""
+        try:
+            text = open(self.vport, errors="replace").read()
+        except FileNotFoundError:
+            return 0, []
+        return len(re.findall(r"^memcheck: pass \d+ ok$", text, re.M)), \
+            re.findall(r"^memcheck: pass .* CORRUPT.*$", text, re.M)
+
+    def wait_passes(self, n, timeout=PASS_TIMEOUT):
+        t0 = time.time()
+        while True:
+            ok, corrupt = self.passes()
+            if corrupt:
+                raise RuntimeError(f"{self.name}: the guest found its memory corrupt: {corrupt[0]}")
+            if ok >= n:
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: QEMU exited ({self.proc.returncode}) before {n} passes")
+            if time.time() - t0 > timeout:
+                raise RuntimeError(f"{self.name}: {ok} of {n} passes after {timeout} s")
+            time.sleep(0.5)
+
+    def quit(self):
+        if self.proc.poll() is None:
+            try:
+                self.qmp.cmd("quit")
+            except OSError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Env:
+    def __init__(self, build):
+        self.build = build
+        self.dir = tempfile.mkdtemp(prefix="qemu-guest-test-")
+        self.ip = os.environ.get("RXE_VM_IP") or "198.18.0.1"
+        self.port = 4444
+        cache = os.environ.get("RXE_VM_CACHE", "/var/cache/rxe-vm")
+        kernels = sorted(os.listdir(os.path.join(cache, "kernel")))
+        boot = os.path.join(cache, "kernel", kernels[-1], "boot")
+        self.kernel = os.path.join(boot, [f for f in os.listdir(boot) if f.startswith("vmlinuz")][0])
+        self.initrd = os.path.join(self.dir, "memcheck.cpio")
+        self.append = subprocess.run([os.path.join(HERE, "guest", "build-initramfs.sh"), self.initrd],
+                                     check=True, capture_output=True, text=True).stdout.strip()
+        self.keys = {}
+        for key in ("key-a", "key-b"):
+            path = os.path.join(self.dir, key)
+            with open(path, "wb") as f:
+                f.write(os.urandom(32))
+            self.keys[key] = path
+
+    def uri(self):
+        self.port += 1
+        return f"rdma:{self.ip}:{self.port}"
+
+
+def wait_migration(vm, timeout=MIGRATE_TIMEOUT):
+    t0 = time.time()
+    while True:
+        info = vm.qmp.ok("query-migrate")
+        if info.get("status") in ("completed", "failed", "cancelled"):
+            return info
+        if time.time() - t0 > timeout:
+            raise RuntimeError(f"migration not finished after {timeout} s: {info}")
+        time.sleep(0.2)
+
+
+def migrate(env, src, dst_variant, pin_all, key):
+    mode = "pin-all" if pin_all else "dynamic"
+    what = f"{src.variant} -> {dst_variant}, {mode}{', keyed' if key else ''}"
+    dst = Vm(env, dst_variant, incoming=True)
+    for vm in (src, dst):
+        vm.prepare(pin_all, key)
+    uri = env.uri()
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    src.qmp.ok("migrate", uri=uri)
+    info = wait_migration(src)
+    if info["status"] != "completed":
+        raise RuntimeError(f"{what}: {info['status']}: {info.get('error-desc')}")
+    for _ in range(100):
+        if dst.qmp.ok("query-status")["status"] == "running":
+            break
+        time.sleep(0.1)
+    else:
+        raise RuntimeError(f"{what}: the destination does not run: {dst.qmp.ok('query-status')}")
+    src.quit()
+    dst.wait_passes(2)
+    ram = info.get("ram", {})
+    log(f"guest-test: PASS {what}: completed, total {info['total-time']} ms, "
+        f"downtime {info['downtime']} ms, {ram.get('transferred', 0) >> 20} MiB transferred; "
+        f"the guest checked its memory twice on the destination")
+    return dst
+
+
+def wrong_key(env, src):
+    what = f"{src.variant} -> patched with another key"
+    dst = Vm(env, "patched", incoming=True)
+    src.prepare(False, "key-a")
+    dst.prepare(False, "key-b")
+    uri = env.uri()
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    # The patched source connects within the migrate command: the refusal
+    # is its error (and query-migrate's).
+    error = src.qmp.cmd("migrate", uri=uri).get("error", {}).get("desc", "")
+    info = wait_migration(src)
+    transferred = info.get("ram", {}).get("transferred", 0)
+    error = error or info.get("error-desc", "")
+    if info["status"] != "failed" or "auth" not in error.lower() or transferred:
+        raise RuntimeError(f"{what}: expected a failure on authentication before any RAM moved: {info}")
+    if src.qmp.ok("query-status")["status"] != "running":
+        raise RuntimeError(f"{what}: the source guest stopped")
+    before = src.passes()[0]
+    src.wait_passes(before + 1)
+    dst.proc.kill()
+    dst.proc.wait()
+    log(f"guest-test: PASS {what}: refused ({error!r}), no RAM transferred, the source goes on")
+    src.prepare(False, "")
+
+
+def killed_source(env, src):
+    what = f"{src.variant} -> patched, source killed mid-transfer"
+    dst = Vm(env, "patched", incoming=True)
+    uri = env.uri()
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    # Slow enough to be killed in the middle.
+    src.qmp.ok("migrate-set-parameters", **{"max-bandwidth": 8 << 20})
+    src.qmp.ok("migrate", uri=uri)
+    t0 = time.time()
+    while src.qmp.ok("query-migrate").get("ram", {}).get("transferred", 0) < 16 << 20:
+        if time.time() - t0 > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the migration does not start")
+        time.sleep(0.1)
+    src.proc.send_signal(signal.SIGKILL)
+    src.proc.wait()
+    try:
+        rc = dst.proc.wait(120)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what}: the destination did not end the migration within 120 s")
+    if rc == 0:
+        raise RuntimeError(f"{what}: the destination exited with status 0")
+    ok, corrupt = dst.passes()
+    if ok or corrupt or os.path.getsize(dst.serial):
+        raise RuntimeError(f"{what}: the destination ran the half-migrated guest")
+    tail = open(dst.stderr.name).read().strip().splitlines()[-3:]
+    log(f"guest-test: PASS {what}: the destination failed (exit {rc}) without running the guest: "
+        + " | ".join(tail))
+
+
+def main():
+    env = Env(sys.argv[1])
+    log(f"guest-test: {env.dir}: booting the guest ({GUEST_MIB} MiB) under the patched QEMU")
+    vm = Vm(env, "patched")
+    try:
+        vm.wait_passes(2)
+        log("guest-test: the guest runs")
+        for src_variant, dst_variant, pin_all, keyed in CHAIN:
+            assert vm.variant == src_variant
+            vm = migrate(env, vm, dst_variant, pin_all, "key-a" if keyed else None)
+            if keyed:
+                vm.prepare(pin_all, "")
+        wrong_key(env, vm)
+        killed_source(env, vm)
+    except Exception as e:  # noqa: BLE001 -- reported, then the logs
+        log(f"guest-test: FAIL {e}")
+        for name in sorted(os.listdir(env.dir)):
+            if name.endswith(".log"):
+                log(f"--- {name}:\n" + open(os.path.join(env.dir, name), errors="replace").read()[-2000:])
+        return 1
+    finally:
+        for p in subprocess.run(["pgrep", "-f", env.dir], capture_output=True, text=True).stdout.split():
+            os.kill(int(p), signal.SIGKILL)
+    log("guest-test: all steps passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
