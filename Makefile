@@ -21,6 +21,8 @@
 #   make bench-postcopy  the post-copy benchmark (examples/postcopy_bench.rs, scripts/postcopy-bench.sh):
 #                        fault latency and pull rate against ib_read_lat / ib_read_bw in one guest boot
 #                        (BENCH_POSTCOPY_ARGS, e.g. BENCH_POSTCOPY_ARGS=--quick)
+#   make bench-qemu      QEMU 10.2 patched (librdmamig) against stock over rdma and TCP, a running
+#                        Linux guest, median of 3 guest boots (scripts/bench-qemu.sh)
 #   make bench-demo      the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
 #
@@ -81,7 +83,7 @@ EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
 EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-postcopy bench-demo bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -186,6 +188,12 @@ bench:
 BENCH_POSTCOPY_ARGS ?=
 bench-postcopy:
 	bash scripts/postcopy-bench.sh $(BENCH_POSTCOPY_ARGS)
+
+# QEMU 10.2 on librdmamig against stock QEMU 10.2 over rdma and TCP: a
+# running Linux guest, three guest boots, the median (scripts/bench-qemu.sh,
+# integrations/qemu/README.md). Needs root; builds QEMU once if not cached.
+bench-qemu: all
+	bash scripts/bench-qemu.sh
 
 # The C demo's throughput: built -O2 without sanitizers, and perftest's
 # ib_write_bw (1 MiB, tx depth 16) as the anchor, in the same guest boot.

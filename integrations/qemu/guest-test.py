@@ -26,10 +26,21 @@ printed there.  Then two failures:
 
 Exits 0 only if every step held.  RDMAMIG_LIBDIR must name the directory of
 librdmamig.so.0 for the patched QEMU.
+
+guest-test.py --bench BUILD_DIR -- the same guest, booted under stock QEMU,
+migrated on through BENCH_CHAIN: stock over TCP, stock over rdma and patched
+over rdma, dynamic and pin-all, with no bandwidth cap (max-bandwidth 0);
+each measured migration prints one "guest-bench:" line with QEMU's total
+time and downtime and its throughput (RAM sent ÷ total time) ÷ ib_write_bw's
+(1 MiB messages, measured first in the same rxe guest boot).
+
+guest-test.py --median LOG... -- the median of each figure over the
+"guest-bench:" lines of several runs (scripts/bench-qemu.sh: three boots).
 """
 import json
 import os
 import re
+import statistics
 import signal
 import socket
 import subprocess
@@ -46,6 +57,14 @@ CHAIN = [  # (source, destination, pin_all, keyed)
     ("patched", "patched", True, True),
     ("patched", "stock", False, False),
     ("stock", "patched", True, False),
+]
+BENCH_CHAIN = [  # (label or None: not measured, source, destination, transport, pin_all)
+    ("stock tcp", "stock", "stock", "tcp", False),
+    ("stock rdma dynamic", "stock", "stock", "rdma", False),
+    ("stock rdma pin-all", "stock", "stock", "rdma", True),
+    (None, "stock", "patched", "rdma", False),
+    ("patched rdma dynamic", "patched", "patched", "rdma", False),
+    ("patched rdma pin-all", "patched", "patched", "rdma", True),
 ]
 MIGRATE_TIMEOUT = 300
 PASS_TIMEOUT = 300
@@ -176,9 +195,9 @@ class Env:
                 f.write(os.urandom(32))
             self.keys[key] = path
 
-    def uri(self):
+    def uri(self, transport="rdma"):
         self.port += 1
-        return f"rdma:{self.ip}:{self.port}"
+        return f"{transport}:{self.ip}:{self.port}"
 
 
 def wait_migration(vm, timeout=MIGRATE_TIMEOUT):
@@ -192,13 +211,14 @@ def wait_migration(vm, timeout=MIGRATE_TIMEOUT):
         time.sleep(0.2)
 
 
-def migrate(env, src, dst_variant, pin_all, key):
+def migrate(env, src, dst_variant, pin_all, key, transport="rdma", quiet=False):
+    """Migrates SRC's guest to a new DST_VARIANT QEMU; returns (it, query-migrate)."""
     mode = "pin-all" if pin_all else "dynamic"
-    what = f"{src.variant} -> {dst_variant}, {mode}{', keyed' if key else ''}"
+    what = f"{src.variant} -> {dst_variant}, {transport} {mode}{', keyed' if key else ''}"
     dst = Vm(env, dst_variant, incoming=True)
     for vm in (src, dst):
         vm.prepare(pin_all, key)
-    uri = env.uri()
+    uri = env.uri(transport)
     dst.qmp.ok("migrate-incoming", uri=uri)
     src.qmp.ok("migrate", uri=uri)
     info = wait_migration(src)
@@ -213,10 +233,11 @@ def migrate(env, src, dst_variant, pin_all, key):
     src.quit()
     dst.wait_passes(2)
     ram = info.get("ram", {})
-    log(f"guest-test: PASS {what}: completed, total {info['total-time']} ms, "
-        f"downtime {info['downtime']} ms, {ram.get('transferred', 0) >> 20} MiB transferred; "
-        f"the guest checked its memory twice on the destination")
-    return dst
+    if not quiet:
+        log(f"guest-test: PASS {what}: completed, total {info['total-time']} ms, "
+            f"downtime {info['downtime']} ms, {ram.get('transferred', 0) >> 20} MiB transferred; "
+            f"the guest checked its memory twice on the destination")
+    return dst, info
 
 
 def wrong_key(env, src):
@@ -273,16 +294,76 @@ def killed_source(env, src):
         + " | ".join(tail))
 
 
+def ib_write_bw(env):
+    """ib_write_bw's average at 1 MiB messages over rxe, Gbit/s (three tries:
+    the client may come before the server listens)."""
+    dev = os.environ.get("RXE_VM_DEV", "rxe0")
+    args = ["ib_write_bw", "-R", "-F", "-d", dev, "-s", "1048576", "-t", "16", "-D", "5", "--report_gbits"]
+    for _ in range(3):
+        server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        client = subprocess.run(args + [env.ip], capture_output=True, text=True)
+        server.wait(30)
+        lines = client.stdout.splitlines()
+        for i, line in enumerate(lines[:-1]):
+            if line.strip().startswith("#bytes"):
+                return float(lines[i + 1].split()[3])
+    raise RuntimeError(f"ib_write_bw gave no bandwidth: {client.stdout} {client.stderr}")
+
+
+def bench(env):
+    anchor = ib_write_bw(env)
+    log(f"guest-bench: ib_write_bw {anchor:.3f} Gbit/s")
+    vm = Vm(env, BENCH_CHAIN[0][1])
+    vm.wait_passes(2)
+    for label, src_variant, dst_variant, transport, pin_all in BENCH_CHAIN:
+        assert vm.variant == src_variant
+        vm.qmp.ok("migrate-set-parameters", **{"max-bandwidth": 0})
+        vm, info = migrate(env, vm, dst_variant, pin_all, None, transport, quiet=True)
+        if label:
+            sent = info["ram"]["transferred"]
+            gbits = sent * 8 / info["total-time"] / 1e6
+            log(f"guest-bench: {label}: total {info['total-time']} ms, downtime {info['downtime']} ms, "
+                f"{sent >> 20} MiB, {gbits:.3f} Gbit/s, {gbits / anchor:.3f} of ib_write_bw")
+    vm.quit()
+
+
+def median(logs):
+    """The median of each figure of each configuration over LOGS' guest-bench lines."""
+    figures = {}
+    line = re.compile(r"guest-bench: (.+?): total (\d+) ms, downtime (\d+) ms, (\d+) MiB, "
+                      r"([\d.]+) Gbit/s, ([\d.]+) of ib_write_bw")
+    for path in logs:
+        for m in line.finditer(open(path, errors="replace").read()):
+            figures.setdefault(m.group(1), []).append([float(v) for v in m.groups()[1:]])
+    print(f"{'configuration':24} {'runs':>4} {'total ms':>9} {'downtime ms':>11} {'MiB':>5} "
+          f"{'Gbit/s':>7} {'÷ib_write_bw':>12}")
+    for label, runs in figures.items():
+        med = [statistics.median(col) for col in zip(*runs)]
+        print(f"{label:24} {len(runs):>4} {med[0]:>9.0f} {med[1]:>11.0f} {med[2]:>5.0f} "
+              f"{med[3]:>7.3f} {med[4]:>12.3f}")
+    return 0 if figures else 1
+
+
 def main():
+    if sys.argv[1] == "--median":
+        return median(sys.argv[2:])
+    if sys.argv[1] == "--bench":
+        env = Env(sys.argv[2])
+        try:
+            bench(env)
+        finally:
+            kill_all(env)
+        return 0
     env = Env(sys.argv[1])
     log(f"guest-test: {env.dir}: booting the guest ({GUEST_MIB} MiB) under the patched QEMU")
-    vm = Vm(env, "patched")
     try:
+        vm = Vm(env, "patched")
         vm.wait_passes(2)
         log("guest-test: the guest runs")
         for src_variant, dst_variant, pin_all, keyed in CHAIN:
             assert vm.variant == src_variant
-            vm = migrate(env, vm, dst_variant, pin_all, "key-a" if keyed else None)
+            vm, _ = migrate(env, vm, dst_variant, pin_all, "key-a" if keyed else None)
             if keyed:
                 vm.prepare(pin_all, "")
         wrong_key(env, vm)
@@ -290,14 +371,18 @@ def main():
     except Exception as e:  # noqa: BLE001 -- reported, then the logs
         log(f"guest-test: FAIL {e}")
         for name in sorted(os.listdir(env.dir)):
-            if name.endswith(".log"):
+            if name.endswith((".log", ".serial")):
                 log(f"--- {name}:\n" + open(os.path.join(env.dir, name), errors="replace").read()[-2000:])
         return 1
     finally:
-        for p in subprocess.run(["pgrep", "-f", env.dir], capture_output=True, text=True).stdout.split():
-            os.kill(int(p), signal.SIGKILL)
+        kill_all(env)
     log("guest-test: all steps passed")
     return 0
+
+
+def kill_all(env):
+    for p in subprocess.run(["pgrep", "-f", env.dir], capture_output=True, text=True).stdout.split():
+        os.kill(int(p), signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@
 # and a running Linux guest migrated on through stock and patched QEMUs
 # (guest-test.py):
 #   guest
+# and, only when asked for, the benchmark of scripts/bench-qemu.sh (one run):
+#   bench
 #
 #   integrations/qemu/test.sh [PAIR...]      (default: all four)
 #
@@ -42,6 +44,7 @@ run_pair() {
         stock-to-patched) env=(QTEST_QEMU_BINARY="$dir/stock/qemu-system-x86_64"
                                QTEST_QEMU_BINARY_DST="$dir/patched/qemu-system-x86_64") ;;
         guest) /usr/bin/python3 "$HERE/guest-test.py" "$dir"; return ;;
+        bench) /usr/bin/python3 "$HERE/guest-test.py" --bench "$dir"; return ;;
         *) echo "test.sh: unknown pair '$pair' (one of: ${PAIRS[*]})" >&2; return 2 ;;
     esac
     log=$(mktemp)
