@@ -78,9 +78,9 @@ pub(crate) fn check_compress(ranges: &[(u64, u64)], extensions: bool) -> Result<
     }
     match *ranges {
         [(offset, length)] if length <= CHUNK_SIZE && offset % CHUNK_SIZE + length <= CHUNK_SIZE => Ok(()),
-        [(offset, length)] => Err(protocol(format!(
-            "COMPRESS range {offset:#x}+{length:#x} of its block is not inside one 1 MiB chunk"
-        ))),
+        [(offset, length)] => {
+            Err(protocol(format!("COMPRESS range {offset:#x}+{length:#x} of its block is not inside one 1 MiB chunk")))
+        }
         _ => Err(protocol(format!("COMPRESS with {} ranges (a QEMU source sends one)", ranges.len()))),
     }
 }

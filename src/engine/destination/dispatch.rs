@@ -437,7 +437,8 @@ impl<R: Registrar> Dispatcher<R> {
                 Ok((local, offset))
             })
             .collect::<Result<Vec<(usize, u64)>>>()?;
-        let in_blocks: Vec<(u64, u64)> = ranges.iter().zip(&targets).map(|(z, &(_, offset))| (offset, z.length)).collect();
+        let in_blocks: Vec<(u64, u64)> =
+            ranges.iter().zip(&targets).map(|(z, &(_, offset))| (offset, z.length)).collect();
         validate::check_compress(&in_blocks, self.extensions)?;
         for (z, (local, offset)) in ranges.iter().zip(targets) {
             zero_populated(&self.ram.blocks()[local], offset, z.length);
