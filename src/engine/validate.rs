@@ -5,7 +5,7 @@
 //! touches memory.
 
 use crate::engine::ram::{chunk_count, chunk_of, RamBlock, RamBlocks};
-use crate::wire::{BlockSpec, RegisterRequest, CHUNK_SIZE};
+use crate::wire::{BlockSpec, Compress, RegisterRequest, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 
 /// Zero-range bytes one COMPRESS message may ask for between rdmamig peers:
@@ -59,15 +59,14 @@ pub(crate) fn unregister_chunk(block: &RamBlock, r: &RegisterRequest) -> Result<
         .ok_or_else(|| protocol(format!("unregister of chunk {} past the end of block '{}'", r.key, block.name)))
 }
 
-/// Checks one COMPRESS message before any range is applied, given each range's
-/// offset in its block (checked by [`block_offset`]) and its length: what QEMU
-/// sends toward a QEMU-compatible peer (one range inside one chunk, chunks
-/// counted from the block's start as QEMU does, whatever the block's offset in
-/// the RAM address space), and at most [`MAX_COMPRESS_BYTES`] in all between
-/// rdmamig peers.
-pub(crate) fn check_compress(ranges: &[(u64, u64)], extensions: bool) -> Result<()> {
+/// Checks one COMPRESS message before any range is applied: what QEMU sends
+/// toward a QEMU-compatible peer (one range, each then checked by
+/// [`check_compress_chunk`]), and at most [`MAX_COMPRESS_BYTES`] in all between
+/// rdmamig peers. Each range's place in its block is checked by
+/// [`block_offset`], for every range before any is applied.
+pub(crate) fn check_compress(ranges: &[Compress], extensions: bool) -> Result<()> {
     if extensions {
-        let total = ranges.iter().try_fold(0u64, |t, &(_, length)| t.checked_add(length));
+        let total = ranges.iter().try_fold(0u64, |t, z| t.checked_add(z.length));
         if total.is_none_or(|t| t > MAX_COMPRESS_BYTES) {
             return Err(protocol(format!(
                 "COMPRESS asks to zero more than {MAX_COMPRESS_BYTES:#x} bytes in one message ({} ranges)",
@@ -76,12 +75,20 @@ pub(crate) fn check_compress(ranges: &[(u64, u64)], extensions: bool) -> Result<
         }
         return Ok(());
     }
-    match *ranges {
-        [(offset, length)] if length <= CHUNK_SIZE && offset % CHUNK_SIZE + length <= CHUNK_SIZE => Ok(()),
-        [(offset, length)] => {
-            Err(protocol(format!("COMPRESS range {offset:#x}+{length:#x} of its block is not inside one 1 MiB chunk")))
-        }
+    match ranges {
+        [_] => Ok(()),
         _ => Err(protocol(format!("COMPRESS with {} ranges (a QEMU source sends one)", ranges.len()))),
+    }
+}
+
+/// A QEMU source's COMPRESS range, `length` bytes at `offset` in its block,
+/// lies inside one 1 MiB chunk: QEMU counts a block's chunks from the block's
+/// start, whatever the block's offset in the RAM address space.
+pub(crate) fn check_compress_chunk(offset: u64, length: u64) -> Result<()> {
+    if length <= CHUNK_SIZE && offset % CHUNK_SIZE + length <= CHUNK_SIZE {
+        Ok(())
+    } else {
+        Err(protocol(format!("COMPRESS range {offset:#x}+{length:#x} of its block is not inside one 1 MiB chunk")))
     }
 }
 
@@ -190,17 +197,18 @@ mod tests {
 
     #[test]
     fn compress_limits() {
-        let z = |offset: u64, length: u64| (offset, length);
-        // Toward QEMU-compatible peers: one range inside one chunk.
+        let z = |offset, length| Compress { value: 0, block_index: 0, offset, length };
+        // Toward QEMU-compatible peers: one range inside one chunk of its block.
         assert!(check_compress(&[z(16 * MIB, MIB)], false).is_ok());
-        assert!(check_compress(&[z(16 * MIB + 4096, MIB - 4096)], false).is_ok());
-        assert_eq!(kind(check_compress(&[z(16 * MIB + 4096, MIB)], false)), ErrorKind::Protocol, "crosses a chunk");
-        assert_eq!(kind(check_compress(&[z(16 * MIB, MIB + 1)], false)), ErrorKind::Protocol);
-        assert_eq!(kind(check_compress(&[z(16 * MIB, u64::MAX)], false)), ErrorKind::Protocol);
         assert_eq!(kind(check_compress(&[z(0, 4096), z(4096, 4096)], false)), ErrorKind::Protocol, "two ranges");
         assert_eq!(kind(check_compress(&[], false)), ErrorKind::Protocol);
+        assert!(check_compress_chunk(16 * MIB, MIB).is_ok());
+        assert!(check_compress_chunk(16 * MIB + 4096, MIB - 4096).is_ok());
+        assert_eq!(kind(check_compress_chunk(16 * MIB + 4096, MIB)), ErrorKind::Protocol, "crosses a chunk");
+        assert_eq!(kind(check_compress_chunk(16 * MIB, MIB + 1)), ErrorKind::Protocol);
+        assert_eq!(kind(check_compress_chunk(16 * MIB, u64::MAX)), ErrorKind::Protocol);
         // Between rdmamig peers: many ranges, bounded bytes.
-        let many: Vec<(u64, u64)> = (0..4096).map(|i| z(i * 65536, 65536)).collect();
+        let many: Vec<Compress> = (0..4096).map(|i| z(i * 65536, 65536)).collect();
         assert!(check_compress(&many, true).is_ok(), "exactly the limit");
         assert!(check_compress(&[z(0, MAX_COMPRESS_BYTES)], true).is_ok());
         assert_eq!(kind(check_compress(&[z(0, MAX_COMPRESS_BYTES + 1)], true)), ErrorKind::Protocol);

@@ -429,17 +429,18 @@ impl<R: Registrar> Dispatcher<R> {
 
     /// COMPRESS: every range is checked before any is applied.
     fn zero(&mut self, ranges: &[Compress]) -> Result<()> {
+        validate::check_compress(ranges, self.extensions)?;
         let targets = ranges
             .iter()
             .map(|z| {
                 let (local, block) = validate::local_block(&self.order, &self.ram, z.block_index)?;
                 let offset = validate::block_offset(block, z.offset, z.length)?;
+                if !self.extensions {
+                    validate::check_compress_chunk(offset, z.length)?;
+                }
                 Ok((local, offset))
             })
             .collect::<Result<Vec<(usize, u64)>>>()?;
-        let in_blocks: Vec<(u64, u64)> =
-            ranges.iter().zip(&targets).map(|(z, &(_, offset))| (offset, z.length)).collect();
-        validate::check_compress(&in_blocks, self.extensions)?;
         for (z, (local, offset)) in ranges.iter().zip(targets) {
             zero_populated(&self.ram.blocks()[local], offset, z.length);
             Counters::add(&self.counters.zero_chunks, 1);
