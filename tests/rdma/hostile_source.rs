@@ -57,6 +57,9 @@
 //! - destination_never_answering_ram_blocks_times_out
 //! - source_ram_refuses_a_write_with_its_real_rkey
 //! - recovery_listener_refuses_requests_without_the_tokens_proof
+//!
+//! And one case of a well-behaved QEMU destination that ends the connection
+//! first: qemu_destination_disconnecting_after_the_last_flush_ends_the_migration.
 
 use hmac::{Hmac, Mac};
 use std::net::{IpAddr, SocketAddr};
@@ -663,6 +666,27 @@ fn unasked_before_ready(kind: u32) -> Case {
     let mut case = start(&[Call::Window]);
     case.dest.send_raw(0, kind, 1, &[]).expect("SEND of the unasked message");
     case
+}
+
+// ---------------------------------------------------------------------------
+// A QEMU destination's end
+
+/// A QEMU destination disconnects once it has loaded the stream, and may do
+/// so before the source closes. A source whose every byte was out (its last
+/// flush returned) takes that disconnect as the migration's end: its close
+/// returns (unverified, as always toward QEMU), not the disconnect. QEMU 10.2
+/// as the destination of a patched QEMU did this in CI.
+#[test]
+fn qemu_destination_disconnecting_after_the_last_flush_ends_the_migration() {
+    let qemu = AcceptData { caps: Capabilities::v1(0), pin_budget: None, auth: None }.encode().to_vec();
+    let mut case = start_with(&qemu, config(), &[Call::Flush, Call::Hold, Call::Close]);
+    case.dest.serve_until(CommandType::QemuFile);
+    case.dest.id.disconnect().expect("disconnect");
+    // Let the source learn of the disconnect before it closes.
+    thread::sleep(Duration::from_secs(1));
+    case.release_source();
+    let outcome = case.source.recv_timeout(BOUND).expect("the source gave no result (hang)");
+    assert!(matches!(outcome, Outcome::Succeeded(ref n) if !n.extensions), "{outcome:?}");
 }
 
 // ---------------------------------------------------------------------------

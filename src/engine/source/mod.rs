@@ -133,6 +133,9 @@ pub struct Source {
     postcopy_called: AtomicBool,
     /// `close` was called (only the first closes).
     close_called: AtomicBool,
+    /// Everything put was flushed out, and nothing was saved or put since:
+    /// a QEMU destination that disconnects now has all of it.
+    synced: AtomicBool,
     /// `close` returned `Ok`.
     closed_ok: AtomicBool,
 }
@@ -184,6 +187,7 @@ impl Source {
             unregistration,
             postcopy_called: AtomicBool::new(false),
             close_called: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
             closed_ok: AtomicBool::new(false),
         }
     }
@@ -211,6 +215,7 @@ impl Source {
     /// `postcopy` was called.
     pub fn iteration_begin(&self) -> Result<()> {
         let mut outgoing = self.outgoing.lock();
+        self.synced.store(false, Ordering::Relaxed);
         self.shared.front.error.check()?;
         if self.shared.front.window_open() {
             return Err(Error::new(ErrorKind::State, "an iteration window is already open"));
@@ -321,6 +326,7 @@ impl Source {
     pub fn put(&self, data: &[u8]) -> Result<()> {
         let mut outgoing = self.outgoing.lock();
         self.shared.front.error.check()?;
+        self.synced.store(false, Ordering::Relaxed);
         outgoing.extend_from_slice(data);
         if !self.shared.front.window_open() {
             self.queue_stream(&mut outgoing, false)?;
@@ -338,7 +344,9 @@ impl Source {
             }
             self.queue_stream(&mut outgoing, true)?;
         }
-        self.call(Command::Sync)
+        self.call(Command::Sync)?;
+        self.synced.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Queues the buffered stream bytes as messages: whole pieces only, or all.
@@ -454,6 +462,7 @@ impl Source {
             return Err(Error::new(ErrorKind::State, "close was called already"));
         }
         let r = if self.shared.front.window_open() { self.iteration_end() } else { Ok(()) };
+        let synced = self.synced.load(Ordering::Relaxed);
         let r = r.and_then(|()| self.flush()).and_then(|()| {
             if self.negotiated.extensions {
                 self.call(Command::End).map(|()| Ending::Completed)
@@ -461,6 +470,14 @@ impl Source {
                 Ok(Ending::Unverified)
             }
         });
+        // A QEMU destination disconnects once it has loaded the stream: when
+        // everything was out before, that is its end, not a failure.
+        let r = match r {
+            Err(e) if e.kind == ErrorKind::Disconnected && synced && !self.negotiated.extensions => {
+                Ok(Ending::Unverified)
+            }
+            r => r,
+        };
         self.shutdown();
         match &r {
             Ok(Ending::Completed) => logging::info(format_args!("source: migration completed (END acknowledged)")),
