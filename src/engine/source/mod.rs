@@ -449,7 +449,9 @@ impl Source {
     /// handshake: [`Ending::Completed`] means the destination checked and
     /// acknowledged that it has everything. A QEMU destination has no
     /// handshake: [`Ending::Unverified`] means everything was sent and every
-    /// write completed, but only QEMU itself knows whether it loaded it.
+    /// write completed, but only QEMU itself knows whether it loaded it (also
+    /// when QEMU disconnected first, after the last successful `flush` with
+    /// nothing put or saved since: it does so once it has loaded the stream).
     ///
     /// Takes `&self` so that another thread may [`abort`](Self::abort) a
     /// close that waits for the destination (share the source, e.g. in an
