@@ -175,20 +175,20 @@ fetch_source() {
 # installed rdmamig.pc), otherwise this checkout's library (`make` first),
 # staged in $1 with its header and a rdmamig.pc.
 stage_library() {
-    local stage=$1 version
+    local stage=$1
     if [ -n "${RDMAMIG_PKG_CONFIG_PATH:-}" ]; then
         echo "$RDMAMIG_PKG_CONFIG_PATH"
         return
     fi
     [ -e "$REPO/target/lib/librdmamig.so" ] ||
         die "no $REPO/target/lib/librdmamig.so: run make in $REPO first (or set RDMAMIG_PKG_CONFIG_PATH)"
-    version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/Cargo.toml" | head -n1)
     mkdir -p "$stage/lib/pkgconfig" "$stage/include"
     cp -P "$REPO"/target/lib/librdmamig.so* "$stage/lib/"
     cp "$REPO/include/rdmamig.h" "$stage/include/"
-    sed -e "s|@PREFIX@|$stage|g" -e "s|@EXEC_PREFIX@|$stage|g" -e "s|@LIBDIR@|$stage/lib|g" \
-        -e "s|@INCLUDEDIR@|$stage/include|g" -e "s|@VERSION@|$version|g" \
-        "$REPO/pkgconfig/rdmamig.pc.in" > "$stage/lib/pkgconfig/rdmamig.pc"
+    # The Makefile's own rdmamig.pc rule, with the stage as prefix and as
+    # the directory it writes to (nothing is written into the checkout).
+    make -s -C "$REPO" CARGO_TARGET_DIR="$stage/lib/pkgconfig" PREFIX="$stage" \
+        "$stage/lib/pkgconfig/rdmamig.pc" >&2
     echo "$stage/lib/pkgconfig"
 }
 
