@@ -2,17 +2,18 @@
 #
 #   make                 release build + target/lib/librdmamig.so.$(VERSION)
 #   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib
-#   make c-tests         build c-tests/*.c into target/c-tests/ (ASan/UBSan), and
-#                        c-tests/rdma_test_*.c without sanitizers into
+#   make c-tests         build capi/c-tests/*.c into target/c-tests/ (ASan/UBSan), and
+#                        capi/c-tests/rdma_test_*.c without sanitizers into
 #                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps);
 #                        the integration examples examples/c/*.c both ways, as
 #                        rdma_test_example_* (run by rdma-suite.sh)
-#   make check           run the host C tests (c-tests/test_*.c)
-#   make header          regenerate include/rdmamig.h (cbindgen 0.29.4)
-#   make symbols         regenerate the golden list abi/symbols.txt
+#   make check           run the host C tests (capi/c-tests/test_*.c)
+#   make generate        regenerate the C side's mirrors of the library's lists, then the header
+#   make header          regenerate capi/include/rdmamig.h (cbindgen 0.29.4)
+#   make symbols         regenerate the golden list capi/abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make docs            the C API reference (Doxygen, warnings as errors): target/doc-c/html/
-#   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
+#   make demo            the C demo hypervisor (capi/c-tests/rdma_test_demo.c) in an rxe guest
 #                        (scripts/demo.sh: installs what is missing first)
 #   make deb             the Debian packages into target/deb/ (scripts/deb.sh)
 #   make bench           the migration benchmark (examples/bench.rs, scripts/bench.sh): ib_write_bw,
@@ -27,7 +28,7 @@
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
 #
 # The shared library is linked here from the staticlib, with the version script
-# abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
+# capi/abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
 # anonymous version script, which GNU ld refuses to combine with a named one
 # (librsvg builds its .so the same way). target/release/librdmamig.so, cargo's
 # cdylib, has neither SONAME nor symbol versions: do not ship it.
@@ -50,7 +51,7 @@ SONAME  := librdmamig.so.$(MAJOR)
 REALNAME := librdmamig.so.$(VERSION)
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
-STATICLIB  := $(TARGET_DIR)/release/librdmamig.a
+STATICLIB  := $(TARGET_DIR)/release/librdmamig_capi.a
 LIBOUT     := $(TARGET_DIR)/lib
 SHLIB      := $(LIBOUT)/$(REALNAME)
 CTEST_DIR  := $(TARGET_DIR)/c-tests
@@ -59,22 +60,22 @@ CTEST_DIR  := $(TARGET_DIR)/c-tests
 NATIVE_LIBS := -libverbs -lrdmacm -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 SHLIB_LDFLAGS := -shared -Wl,-soname,$(SONAME) \
-	-Wl,--version-script,abi/rdmamig.map \
+	-Wl,--version-script,capi/abi/rdmamig.map \
 	-Wl,--gc-sections -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack -Wl,--no-undefined
 
 CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic \
 	-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
-	-Iinclude
+	-Icapi/include
 CTEST_LDFLAGS := -fsanitize=address,undefined -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib'
-CTEST_SRCS := $(wildcard c-tests/*.c)
-CTEST_BINS := $(patsubst c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
+CTEST_SRCS := $(wildcard capi/c-tests/*.c)
+CTEST_BINS := $(patsubst capi/c-tests/%.c,$(CTEST_DIR)/%,$(CTEST_SRCS))
 HOST_TESTS := $(filter $(CTEST_DIR)/test_%,$(CTEST_BINS))
 
 # The RDMA test programs once more without sanitizers, for valgrind's memcheck
 # (which cannot run an ASan binary): same warnings, no -fsanitize.
 VG_CTEST_DIR    := $(TARGET_DIR)/c-tests-valgrind
-VG_CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic -fno-omit-frame-pointer -Iinclude
-VG_CTEST_BINS   := $(patsubst c-tests/%.c,$(VG_CTEST_DIR)/%,$(wildcard c-tests/rdma_test_*.c))
+VG_CTEST_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -Wpedantic -fno-omit-frame-pointer -Icapi/include
+VG_CTEST_BINS   := $(patsubst capi/c-tests/%.c,$(VG_CTEST_DIR)/%,$(wildcard capi/c-tests/rdma_test_*.c))
 
 # The integration examples (examples/c/*.c, docs/integration/) are RDMA test
 # programs too: target/c-tests/rdma_test_example_*, which scripts/rdma-suite.sh
@@ -83,7 +84,7 @@ EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
 EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -91,9 +92,9 @@ all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 # the staticlib, the version script or this Makefile is newer than it, so the
 # C tests are not rebuilt needlessly (make re-reads the .so's mtime).
 $(SHLIB): FORCE
-	$(CARGO) build --release --lib
+	$(CARGO) build --release -p rdmamig-capi
 	@mkdir -p $(LIBOUT)
-	@if [ ! -e $@ ] || [ $(STATICLIB) -nt $@ ] || [ abi/rdmamig.map -nt $@ ] || [ Makefile -nt $@ ]; then \
+	@if [ ! -e $@ ] || [ $(STATICLIB) -nt $@ ] || [ capi/abi/rdmamig.map -nt $@ ] || [ Makefile -nt $@ ]; then \
 		echo "$(CC) $(SHLIB_LDFLAGS) -o $@ -Wl,--whole-archive $(STATICLIB) -Wl,--no-whole-archive $(NATIVE_LIBS)"; \
 		$(CC) $(SHLIB_LDFLAGS) -o $@.tmp \
 			-Wl,--whole-archive $(STATICLIB) -Wl,--no-whole-archive $(NATIVE_LIBS) && \
@@ -118,7 +119,7 @@ install: all $(TARGET_DIR)/rdmamig.pc
 	ln -sf $(REALNAME) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/librdmamig.so
 	$(INSTALL) -m 0644 $(STATICLIB) $(DESTDIR)$(LIBDIR)/librdmamig.a
-	$(INSTALL) -m 0644 include/rdmamig.h $(DESTDIR)$(INCLUDEDIR)/rdmamig.h
+	$(INSTALL) -m 0644 capi/include/rdmamig.h $(DESTDIR)$(INCLUDEDIR)/rdmamig.h
 	$(INSTALL) -m 0644 $(TARGET_DIR)/rdmamig.pc $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
 
 uninstall:
@@ -130,33 +131,33 @@ uninstall:
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
 c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) $(EXAMPLE_BINS) $(VG_EXAMPLE_BINS) header-compile
 
-$(CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB) Makefile
+$(CTEST_DIR)/%: capi/c-tests/%.c $(wildcard capi/c-tests/*.h) capi/include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 	@nm $@ | grep -q __asan_init || { echo "error: $@ is not linked with ASan" >&2; exit 1; }
 
-$(VG_CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+$(VG_CTEST_DIR)/%: capi/c-tests/%.c $(wildcard capi/c-tests/*.h) capi/include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(VG_CTEST_DIR)
 	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 	@! nm $@ | grep -q __asan_init || { echo "error: $@ is linked with ASan" >&2; exit 1; }
 
-$(CTEST_DIR)/rdma_test_example_%: examples/c/%.c include/rdmamig.h $(SHLIB) Makefile
+$(CTEST_DIR)/rdma_test_example_%: examples/c/%.c capi/include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 
-$(VG_CTEST_DIR)/rdma_test_example_%: examples/c/%.c include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+$(VG_CTEST_DIR)/rdma_test_example_%: examples/c/%.c capi/include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(VG_CTEST_DIR)
 	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig
 
 # The header must compile on its own as C99, C11 and C++ (cpp_compat).
-header-compile: include/rdmamig.h
+header-compile: capi/include/rdmamig.h
 	@mkdir -p $(CTEST_DIR)
 	printf '#include "rdmamig.h"\nint main(void) { return rdmamig_version() == 0; }\n' > $(CTEST_DIR)/header_only.c
-	$(CC) -std=c99 -Wall -Wextra -Werror -Wpedantic -Iinclude -fsyntax-only $(CTEST_DIR)/header_only.c
-	$(CC) -std=c11 -Wall -Wextra -Werror -Wpedantic -Wundef -Iinclude -fsyntax-only $(CTEST_DIR)/header_only.c
+	$(CC) -std=c99 -Wall -Wextra -Werror -Wpedantic -Icapi/include -fsyntax-only $(CTEST_DIR)/header_only.c
+	$(CC) -std=c11 -Wall -Wextra -Werror -Wpedantic -Wundef -Icapi/include -fsyntax-only $(CTEST_DIR)/header_only.c
 	@if command -v $(CXX) >/dev/null 2>&1; then \
 		echo "$(CXX) -x c++ -std=c++11 -fsyntax-only"; \
-		$(CXX) -x c++ -std=c++11 -Wall -Wextra -Werror -Wpedantic -Wundef -Iinclude -fsyntax-only $(CTEST_DIR)/header_only.c; \
+		$(CXX) -x c++ -std=c++11 -Wall -Wextra -Werror -Wpedantic -Wundef -Icapi/include -fsyntax-only $(CTEST_DIR)/header_only.c; \
 	else echo "note: no C++ compiler ($(CXX)); header not checked as C++"; fi
 
 check: c-tests
@@ -207,16 +208,22 @@ bench-demo: all $(BENCH_DEMO)
 bench-unregister:
 	bash scripts/bench-unregister.sh --mib 1024
 
-$(BENCH_DEMO): c-tests/rdma_test_demo.c include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+$(BENCH_DEMO): capi/c-tests/rdma_test_demo.c capi/include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iinclude -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Icapi/include -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
+
+# The C side's mirrors of the library's lists (the counters of rdmamig_stats,
+# generated from rdmamig::Stats::FIELDS), then the header from them.
+generate:
+	RDMAMIG_REGENERATE=1 $(CARGO) test --release -p rdmamig-capi --lib -- counters_are_generated_from_the_library
+	$(MAKE) header
 
 header:
-	$(CBINDGEN) --config cbindgen.toml --output include/rdmamig.h src/ffi/mod.rs
+	$(CBINDGEN) --config capi/cbindgen.toml --output capi/include/rdmamig.h capi/src/lib.rs
 
 symbols: all
-	bash scripts/check-abi.sh --list $(SHLIB) > abi/symbols.txt
-	@echo "abi/symbols.txt: $$(wc -l < abi/symbols.txt) symbols"
+	bash scripts/check-abi.sh --list $(SHLIB) > capi/abi/symbols.txt
+	@echo "capi/abi/symbols.txt: $$(wc -l < capi/abi/symbols.txt) symbols"
 
 check-abi: all
 	bash scripts/check-abi.sh $(SHLIB)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # ABI checks on the shared library built by `make`:
-#   1. its defined dynamic symbols are exactly abi/symbols.txt (all rdmamig_*);
-#   2. abi/symbols.txt is exactly the functions declared in include/rdmamig.h
-#      and, for the test-only ones, c-tests/rdmamig_testing.h;
+#   1. its defined dynamic symbols are exactly capi/abi/symbols.txt (all rdmamig_*);
+#   2. capi/abi/symbols.txt is exactly the functions declared in capi/include/rdmamig.h
+#      and, for the test-only ones, capi/c-tests/rdmamig_testing.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
-#   4. every exported symbol carries a version node of abi/rdmamig.map
+#   4. every exported symbol carries a version node of capi/abi/rdmamig.map
 #      (today: RDMAMIG_0.1 to RDMAMIG_0.12), none is unversioned.
 #
 # Usage: scripts/check-abi.sh [LIB]         (default: target/lib/librdmamig.so.<version>)
@@ -36,29 +36,29 @@ trap 'rm -rf "$tmp"' EXIT
 
 # 1. exported == golden
 exported > "$tmp/exported"
-LC_ALL=C sort -u abi/symbols.txt > "$tmp/golden"
-if ! diff -u --label abi/symbols.txt --label "$lib" "$tmp/golden" "$tmp/exported"; then
-    echo "check-abi: FAIL: exported symbols differ from abi/symbols.txt" >&2
-    echo "           (a deliberate ABI change? run 'make symbols' and commit abi/symbols.txt)" >&2
+LC_ALL=C sort -u capi/abi/symbols.txt > "$tmp/golden"
+if ! diff -u --label capi/abi/symbols.txt --label "$lib" "$tmp/golden" "$tmp/exported"; then
+    echo "check-abi: FAIL: exported symbols differ from capi/abi/symbols.txt" >&2
+    echo "           (a deliberate ABI change? run 'make symbols' and commit capi/abi/symbols.txt)" >&2
     fail=1
 fi
 if grep -v '^rdmamig_' "$tmp/golden"; then
-    echo "check-abi: FAIL: abi/symbols.txt lists symbols outside the rdmamig_ prefix (above)" >&2
+    echo "check-abi: FAIL: capi/abi/symbols.txt lists symbols outside the rdmamig_ prefix (above)" >&2
     fail=1
 fi
 
 # 2. golden == functions declared in the headers (declarations start in column 0).
-cat include/rdmamig.h c-tests/rdmamig_testing.h | grep -E '^[A-Za-z].*\brdmamig_[a-z0-9_]+\(' \
+cat capi/include/rdmamig.h capi/c-tests/rdmamig_testing.h | grep -E '^[A-Za-z].*\brdmamig_[a-z0-9_]+\(' \
     | grep -oE '\brdmamig_[a-z0-9_]+\(' | tr -d '(' | LC_ALL=C sort -u > "$tmp/header"
-if ! diff -u --label abi/symbols.txt --label "include/rdmamig.h + c-tests/rdmamig_testing.h" "$tmp/golden" "$tmp/header"; then
-    echo "check-abi: FAIL: abi/symbols.txt and the functions of include/rdmamig.h (+ c-tests/rdmamig_testing.h) differ" >&2
+if ! diff -u --label capi/abi/symbols.txt --label "capi/include/rdmamig.h + capi/c-tests/rdmamig_testing.h" "$tmp/golden" "$tmp/header"; then
+    echo "check-abi: FAIL: capi/abi/symbols.txt and the functions of capi/include/rdmamig.h (+ capi/c-tests/rdmamig_testing.h) differ" >&2
     fail=1
 fi
 
 # 2b. the test-only functions stay out of the public header.
-grep -oE '\brdmamig_[a-z0-9_]+\(' c-tests/rdmamig_testing.h | tr -d '(' | LC_ALL=C sort -u > "$tmp/testing"
-if grep -oE '\brdmamig_[a-z0-9_]+\(' include/rdmamig.h | tr -d '(' | LC_ALL=C sort -u | comm -12 - "$tmp/testing" | grep .; then
-    echo "check-abi: FAIL: the test-only functions above are in include/rdmamig.h" >&2
+grep -oE '\brdmamig_[a-z0-9_]+\(' capi/c-tests/rdmamig_testing.h | tr -d '(' | LC_ALL=C sort -u > "$tmp/testing"
+if grep -oE '\brdmamig_[a-z0-9_]+\(' capi/include/rdmamig.h | tr -d '(' | LC_ALL=C sort -u | comm -12 - "$tmp/testing" | grep .; then
+    echo "check-abi: FAIL: the test-only functions above are in capi/include/rdmamig.h" >&2
     fail=1
 fi
 
@@ -70,7 +70,7 @@ if [[ "$soname" != "librdmamig.so.$major" ]]; then
 fi
 
 # 4. symbol versions: objdump -T prints "<addr> <flags> <section> <size> <version> <name>".
-nodes=$(grep -oE '^[[:space:]]*RDMAMIG_[0-9.]+' abi/rdmamig.map | sed 's/[[:space:]]//g' | sort -u | tr '\n' ' ')
+nodes=$(grep -oE '^[[:space:]]*RDMAMIG_[0-9.]+' capi/abi/rdmamig.map | sed 's/[[:space:]]//g' | sort -u | tr '\n' ' ')
 objdump -T "$lib" | awk '$4 !~ /\*UND\*/ && $NF ~ /^rdmamig_/ { print $(NF-1), $NF }' > "$tmp/versions"
 bad=0
 while read -r ver name; do
@@ -90,4 +90,4 @@ if (( fail )); then
     echo "check-abi: FAIL ($lib)" >&2
     exit 1
 fi
-echo "check-abi: OK: $n symbols = abi/symbols.txt = include/rdmamig.h + c-tests/rdmamig_testing.h, SONAME $soname, versions: $nodes"
+echo "check-abi: OK: $n symbols = capi/abi/symbols.txt = capi/include/rdmamig.h + capi/c-tests/rdmamig_testing.h, SONAME $soname, versions: $nodes"

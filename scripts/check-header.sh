@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the C header into a temporary file with the pinned cbindgen and
-# fails, showing the diff, if it differs from the checked-in include/rdmamig.h.
-# Fix with `make header` (and commit include/rdmamig.h).
+# fails, showing the diff, if it differs from the checked-in capi/include/rdmamig.h.
+# Fix with `make header` (and commit capi/include/rdmamig.h).
 # The header's RDMAMIG_VERSION_* macros are compared with Cargo.toml both here
 # and by the unit test ffi::header_tests (cargo test).
 set -euo pipefail
@@ -19,13 +19,13 @@ fi
 tmp=$(mktemp)
 log=$(mktemp)
 trap 'rm -f "$tmp" "$log"' EXIT
-if ! "$cbindgen" --config cbindgen.toml --output "$tmp" src/ffi/mod.rs 2>"$log"; then
+if ! "$cbindgen" --config capi/cbindgen.toml --output "$tmp" capi/src/lib.rs 2>"$log"; then
     cat "$log" >&2
     echo "check-header: FAIL: cbindgen failed" >&2
     exit 1
 fi
-if ! diff -u --label include/rdmamig.h --label "regenerated (cbindgen $want)" include/rdmamig.h "$tmp"; then
-    echo "check-header: FAIL: include/rdmamig.h is stale; run 'make header' and commit it" >&2
+if ! diff -u --label capi/include/rdmamig.h --label "regenerated (cbindgen $want)" capi/include/rdmamig.h "$tmp"; then
+    echo "check-header: FAIL: capi/include/rdmamig.h is stale; run 'make header' and commit it" >&2
     exit 1
 fi
 
@@ -33,11 +33,11 @@ version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)
 IFS=. read -r major minor patch <<<"${version%%[-+]*}"
 for part in MAJOR:$major MINOR:$minor PATCH:$patch; do
     name=${part%%:*} value=${part#*:}
-    got=$(sed -n "s/^#define RDMAMIG_VERSION_$name \([0-9]*\)\$/\1/p" include/rdmamig.h)
+    got=$(sed -n "s/^#define RDMAMIG_VERSION_$name \([0-9]*\)\$/\1/p" capi/include/rdmamig.h)
     if [[ "$got" != "$value" ]]; then
         echo "check-header: FAIL: RDMAMIG_VERSION_$name is '$got' in the header, Cargo.toml says $value" >&2
-        echo "              (edit after_includes in cbindgen.toml, then 'make header')" >&2
+        echo "              (edit after_includes in capi/cbindgen.toml, then 'make header')" >&2
         exit 1
     fi
 done
-echo "check-header: OK: include/rdmamig.h matches cbindgen $want output; version macros = $version"
+echo "check-header: OK: capi/include/rdmamig.h matches cbindgen $want output; version macros = $version"

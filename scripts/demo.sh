@@ -2,7 +2,7 @@
 # THE demo command (README.md; `make demo` runs it too): installs what is
 # missing on Debian/Ubuntu (scripts/prerequisites.sh build guest: rdma-core's
 # -dev packages, gcc, make, QEMU, the guest's kernel), builds the library and
-# the C demo hypervisor (c-tests/rdma_test_demo.c), and migrates 256 MiB
+# the C demo hypervisor (capi/c-tests/rdma_test_demo.c), and migrates 256 MiB
 # between two processes over Soft-RoCE in a throw-away QEMU guest.
 #
 #   bash scripts/demo.sh [DEMO_ARGS...]     (default: --mib 256)

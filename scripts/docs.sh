@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# docs.sh -- the C API reference: Doxygen over include/rdmamig.h (the doc
-# comments cbindgen copies from src/ffi/*.rs) with docs/Doxyfile, warnings as
+# docs.sh -- the C API reference: Doxygen over capi/include/rdmamig.h (the doc
+# comments cbindgen copies from capi/src/*.rs) with docs/Doxyfile, warnings as
 # errors (WARN_AS_ERROR): an undocumented item or a comment Doxygen cannot
 # read fails. Output: target/doc-c/html/index.html (CARGO_TARGET_DIR is not
 # followed: the Doxyfile names target/). `make docs` runs it; so does CI

@@ -42,7 +42,7 @@
 #                              under valgrind memcheck, small sizes (memcheck
 #                              under TCG is slow); FAIL on any memcheck error
 #                              or definite leak, in any process (the demo
-#                              forks); suppressions: c-tests/valgrind.supp
+#                              forks); suppressions: capi/c-tests/valgrind.supp
 #
 # then, after that guest, one rxe-vm.sh --pair boot (two guests on a virtual
 # wire) per two-guest test: the #[ignore]d `MODULE::pair_*` tests of the same
@@ -224,7 +224,7 @@ done
 # a child's exit status 99 fails its parent, and so the step.
 VALGRIND=(valgrind --tool=memcheck --error-exitcode=99 --leak-check=full
           --errors-for-leak-kinds=definite --show-leak-kinds=definite
-          --track-fds=no --num-callers=30 --suppressions="$PWD/c-tests/valgrind.supp")
+          --track-fds=no --num-callers=30 --suppressions="$PWD/capi/c-tests/valgrind.supp")
 # The runs of each program under valgrind, one argument list per element.
 # The demo at its smallest RAM (48 MiB), both modes: 75-115 s in the guest
 # (rdma_test_cancel: ~17 s).

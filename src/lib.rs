@@ -5,7 +5,6 @@
 //! - [`wire`]: the protocol codec (pure, no I/O, fuzzed);
 //! - [`verbs`]: thin RAII over libibverbs/librdmacm, the only place with raw verbs `unsafe`;
 //! - [`engine`]: source/destination state machines, control channel, RAM chunks;
-//! - `ffi`: the C ABI (argument checks, panic boundary, handle casts; no logic);
 //! - [`fabric`]: the InfiniBand vSwitch reconfiguration planner (pure, beside `wire`):
 //!   which LFT SMPs move a migrating VM's LID, and what they cost.
 //!
@@ -27,7 +26,6 @@ mod bitmap;
 pub mod engine;
 pub mod error;
 pub mod fabric;
-mod ffi;
 pub mod recording;
 pub mod verbs;
 pub mod wire;
@@ -68,6 +66,22 @@ pub mod test_hooks {
     pub use crate::engine::link::LAST_RECOVERY_REQUEST;
     pub use crate::engine::postcopy::destination::SEVER_AFTER_PAGES;
     pub use crate::engine::postcopy::source::{DEAF_TO_RECOVERY, RECOVERY_OFFER};
+}
+
+/// What the C ABI's unit tests (capi/) build their cases from. Not part of
+/// the API: only built with the `test-support` feature.
+#[cfg(feature = "test-support")]
+#[doc(hidden)]
+pub mod test_support {
+    /// A source with no peer and no transfer thread.
+    pub fn detached_source() -> crate::Source {
+        crate::Source::detached()
+    }
+
+    /// Logs `message` at `level` as the library does (to the installed hook).
+    pub fn log(level: crate::LogLevel, message: std::fmt::Arguments<'_>) {
+        crate::engine::logging::log(level, message);
+    }
 }
 
 /// The library version, as in Cargo.toml.

@@ -25,7 +25,7 @@
 #
 # Each build is cached: CACHE/qemu-VERSION-stock-KEY, KEY a hash of the
 # configure options and targets, and CACHE/qemu-VERSION-patched-KEY, KEY
-# also covering the patches and include/rdmamig.h.  A second run only prints
+# also covering the patches and capi/include/rdmamig.h.  A second run only prints
 # DIR.  Remove a directory to build it again.  Building needs root
 # (apt-get); a variant took about 3 minutes with 2 idle cores, 10 with 2
 # busy ones.
@@ -72,7 +72,7 @@ VERSION=${QEMU_DEB_VERSION#*:}
 # library itself is linked at run time: its ABI is kept).
 STOCK_KEY=$({ printf '%s\n' "${CONFIGURE_OPTS[@]}" "${TARGETS[@]}"; } | sha256sum | cut -c1-12)
 PATCHED_KEY=$({ echo "$STOCK_KEY"; for p in "${PATCHES[@]}"; do basename "$p"; cat "$p"; done
-                cat "$REPO/include/rdmamig.h"; } | sha256sum | cut -c1-12)
+                cat "$REPO/capi/include/rdmamig.h"; } | sha256sum | cut -c1-12)
 STOCK=$CACHE/qemu-$VERSION-stock-$STOCK_KEY
 PATCHED=$CACHE/qemu-$VERSION-patched-$PATCHED_KEY
 OUT=$CACHE/qemu-$VERSION-$PATCHED_KEY
@@ -184,7 +184,7 @@ stage_library() {
         die "no $REPO/target/lib/librdmamig.so: run make in $REPO first (or set RDMAMIG_PKG_CONFIG_PATH)"
     mkdir -p "$stage/lib/pkgconfig" "$stage/include"
     cp -P "$REPO"/target/lib/librdmamig.so* "$stage/lib/"
-    cp "$REPO/include/rdmamig.h" "$stage/include/"
+    cp "$REPO/capi/include/rdmamig.h" "$stage/include/"
     # The Makefile's own rdmamig.pc rule, with the stage as prefix and as
     # the directory it writes to (nothing is written into the checkout).
     make -s -C "$REPO" CARGO_TARGET_DIR="$stage/lib/pkgconfig" PREFIX="$stage" \

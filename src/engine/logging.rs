@@ -122,7 +122,7 @@ pub(crate) fn debug(message: fmt::Arguments<'_>) {
     log(Level::Debug, message);
 }
 
-/// Serialises the tests (here and in `ffi`) that install a hook: there is one per process.
+/// Serialises the tests that install a hook: there is one per process.
 #[cfg(test)]
 pub(crate) static TEST_LOCK: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 

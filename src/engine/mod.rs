@@ -8,7 +8,6 @@
 
 pub mod auth;
 pub mod config;
-pub(crate) mod connection;
 pub(crate) mod destination;
 pub mod device;
 pub mod doctor;
@@ -29,7 +28,6 @@ pub(crate) mod zero;
 
 pub use auth::{AuthKey, SourcePrefix};
 pub use config::Config;
-pub(crate) use connection::Connection;
 pub use destination::{Destination, Observer, Read};
 pub use link::{Listener, Negotiated};
 pub use logging::{set_log_hook, Level as LogLevel, LogHook};

@@ -1,7 +1,7 @@
 //! `rdmamig_status`: the result of every fallible C function.
 
-use crate::engine::Ending;
-use crate::{Error, ErrorKind};
+use rdmamig::Ending;
+use rdmamig::{Error, ErrorKind};
 use std::ffi::CStr;
 
 /// The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success;
@@ -205,14 +205,14 @@ impl From<Error> for rdmamig_status {
     }
 }
 
-impl From<crate::Result<()>> for rdmamig_status {
-    fn from(r: crate::Result<()>) -> Self {
+impl From<rdmamig::Result<()>> for rdmamig_status {
+    fn from(r: rdmamig::Result<()>) -> Self {
         status_of(&r)
     }
 }
 
 /// `RDMAMIG_OK` for `Ok`, the kind's status for `Err`.
-pub(crate) fn status_of<T>(r: &crate::Result<T>) -> rdmamig_status {
+pub(crate) fn status_of<T>(r: &rdmamig::Result<T>) -> rdmamig_status {
     match r {
         Ok(_) => rdmamig_status::RDMAMIG_OK,
         Err(e) => e.into(),
@@ -268,9 +268,9 @@ mod tests {
             assert_ne!(s, rdmamig_status::RDMAMIG_OK);
             assert!(seen.insert(s), "{k:?} shares a status");
         }
-        let ok: crate::Result<()> = Ok(());
+        let ok: rdmamig::Result<()> = Ok(());
         assert_eq!(rdmamig_status::from(ok), rdmamig_status::RDMAMIG_OK);
-        let err: crate::Result<()> = Err(Error::new(Timeout, "x"));
+        let err: rdmamig::Result<()> = Err(Error::new(Timeout, "x"));
         assert_eq!(rdmamig_status::from(err), rdmamig_status::RDMAMIG_ERR_TIMEOUT);
     }
 }

@@ -9,7 +9,8 @@ use super::handle::{free_box, to_boxed_mut_ptr, Castable};
 use super::last_error::{handle, out_ref, record, record_or, string};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Connection, Destination, Listener};
+use crate::connection::Connection;
+use rdmamig::{Destination, Listener};
 
 /// A destination's listening rdma_cm endpoint, bound to the address of an
 /// RDMA device.
@@ -187,8 +188,8 @@ mod tests {
 
     #[test]
     fn argument_checks() {
-        let config = crate::ffi::config::rdmamig_config_new();
-        let ram = crate::ffi::ram::rdmamig_ram_new();
+        let config = crate::config::rdmamig_config_new();
+        let ram = crate::ram::rdmamig_ram_new();
         let mut l = null_mut();
         assert_eq!(rdmamig_listener_new(null(), 0, config, &mut l), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_listener_new(c"0.0.0.0".as_ptr(), 0, null(), &mut l), RDMAMIG_ERR_NULL_PARAMETER);
@@ -200,7 +201,7 @@ mod tests {
         assert_eq!(rdmamig_listener_accept(null(), ram, 1, &mut c), RDMAMIG_ERR_NULL_PARAMETER);
         assert!(c.is_null());
         rdmamig_listener_free(null_mut());
-        crate::ffi::ram::rdmamig_ram_free(ram);
-        crate::ffi::config::rdmamig_config_free(config);
+        crate::ram::rdmamig_ram_free(ram);
+        crate::config::rdmamig_config_free(config);
     }
 }

@@ -6,7 +6,7 @@ use std::os::raw::{c_char, c_void};
 
 use super::last_error::{record, Failure};
 use super::status::rdmamig_status;
-use crate::engine::logging::{set_log_hook, Level};
+use rdmamig::engine::logging::{set_log_hook, Level};
 
 /// The level of a log record (`rdmamig_set_log_callback`). The values are
 /// fixed; a more verbose level has a larger value.
@@ -129,7 +129,7 @@ pub extern "C" fn rdmamig_set_log_callback(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::logging::{self, TEST_LOCK};
+    use rdmamig::test_support;
     use std::ffi::CStr;
     use std::ptr::null_mut;
     use std::sync::Mutex;
@@ -141,18 +141,17 @@ mod tests {
 
     #[test]
     fn the_callback_gets_records_up_to_its_level_until_removed() {
-        let _serial = TEST_LOCK.lock();
         let seen: Box<Mutex<Vec<(rdmamig_log_level, String)>>> = Box::default();
         let data = &*seen as *const Mutex<_> as *mut c_void;
         assert_eq!(rdmamig_set_log_callback(Some(collect), data, 0), rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT);
         assert_eq!(rdmamig_set_log_callback(Some(collect), data, 5), rdmamig_status::RDMAMIG_ERR_INVALID_ARGUMENT);
-        logging::error(format_args!("nobody listens"));
+        test_support::log(Level::Error, format_args!("nobody listens"));
         assert_eq!(rdmamig_set_log_callback(Some(collect), data, 3), rdmamig_status::RDMAMIG_OK);
-        logging::info(format_args!("connected to {}", "x"));
-        logging::debug(format_args!("filtered"));
-        logging::warn(format_args!("a\0b"));
+        test_support::log(Level::Info, format_args!("connected to {}", "x"));
+        test_support::log(Level::Debug, format_args!("filtered"));
+        test_support::log(Level::Warn, format_args!("a\0b"));
         assert_eq!(rdmamig_set_log_callback(None, null_mut(), 99), rdmamig_status::RDMAMIG_OK);
-        logging::error(format_args!("after removal"));
+        test_support::log(Level::Error, format_args!("after removal"));
         assert_eq!(
             *seen.lock().unwrap(),
             [

@@ -63,7 +63,7 @@ mod tests {
     #[test]
     fn version_is_cargo_version() {
         assert_eq!(s(rdmamig_version()), env!("CARGO_PKG_VERSION"));
-        assert_eq!(s(rdmamig_version()), crate::VERSION);
+        assert_eq!(s(rdmamig_version()), rdmamig::VERSION);
     }
 
     #[test]

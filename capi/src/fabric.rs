@@ -1,10 +1,10 @@
 //! `rdmamig_fabric`, `rdmamig_fabric_plan`: the InfiniBand vSwitch
-//! reconfiguration planner (`crate::fabric`) for C toolstacks.
+//! reconfiguration planner (`rdmamig::fabric`) for C toolstacks.
 
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
 use super::last_error::{handle, handle_mut, items, opt_out, out_ref, record, record_or, Failure};
 use super::status::rdmamig_status;
-use crate::fabric::{
+use rdmamig::fabric::{
     apply_checked, plan, FatTree, HypervisorSmp, Migration, Mode, Owner, Plan, Topology, LFT_BLOCK, NO_ROUTE,
 };
 
@@ -154,7 +154,7 @@ fn port(p: u32, f: &str, arg: &str) -> Result<u8, Failure> {
     u8::try_from(p).map_err(|_| Failure::invalid(format!("{f}: {arg} {p} is not a port number")))
 }
 
-fn with_context(e: crate::Error, f: &str) -> Failure {
+fn with_context(e: rdmamig::Error, f: &str) -> Failure {
     Failure::invalid(format!("{f}: {}", e.message))
 }
 

@@ -15,7 +15,7 @@
 //!   `handle_mut`, `out_ref`, `string`, `bytes`, `items`, ... first; a NULL
 //!   gives `RDMAMIG_ERR_NULL_PARAMETER` (or NULL / 0 / false), and every
 //!   failure keeps a message naming the function and the argument.
-//! - Errors: [`rdmamig_status`]; a `crate::Error` converts with `.into()` or
+//! - Errors: [`rdmamig_status`]; a `rdmamig::Error` converts with `.into()` or
 //!   [`status::status_of`].
 //!
 //! Adding a handle type: see `config.rs`, which is the smallest complete example.
@@ -30,9 +30,11 @@
 mod macros;
 pub(crate) mod boundary;
 pub(crate) mod buffer;
+pub(crate) mod connection;
 pub(crate) mod handle;
 pub(crate) mod last_error;
 pub(crate) mod status;
+pub(crate) mod versioned;
 
 pub mod config;
 pub mod conn;
@@ -55,7 +57,7 @@ mod header_tests {
 
     fn header() -> String {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/rdmamig.h");
-        std::fs::read_to_string(path).expect("include/rdmamig.h")
+        std::fs::read_to_string(path).expect("capi/include/rdmamig.h")
     }
 
     fn define(header: &str, name: &str) -> String {

@@ -6,7 +6,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
 use super::last_error::{handle, handle_mut, opt_out, record, record_or, string, Failure};
 use super::status::rdmamig_status;
-use crate::engine::RamBlocks;
+use rdmamig::RamBlocks;
 
 /// The hypervisor's guest RAM: a list of blocks, each a range of host memory
 /// with a name (QEMU's RAMBlock idstr), its offset in the hypervisor's RAM
@@ -162,7 +162,7 @@ pub extern "C" fn rdmamig_ram_block_count(ram: *const rdmamig_ram) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::handle::try_from_ptr;
+    use crate::handle::try_from_ptr;
     use rdmamig_status::*;
 
     #[test]

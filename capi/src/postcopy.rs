@@ -3,14 +3,13 @@
 //! (`rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`). The
 //! logic is the engine's (`Source::postcopy`, `Destination::wait_postcopy`).
 
-use std::mem::{offset_of, size_of};
-use std::ptr::{addr_of, addr_of_mut};
-
 use super::conn::{rdmamig_conn, run};
 use super::event::wait_of;
 use super::last_error::{items, opt_out, Failure};
 use super::status::rdmamig_status;
-use crate::engine::{PostcopyPhase, PostcopyProgress, StalePages};
+use super::versioned::{self, VersionedBySize};
+use rdmamig::{PostcopyPhase, PostcopyProgress, StalePages};
+use std::mem::{offset_of, size_of};
 
 /// Where a destination's post-copy is (`rdmamig_postcopy_progress.phase`,
 /// the `phase` of `rdmamig_conn_wait_postcopy`). The values are part of the
@@ -133,6 +132,12 @@ pub const RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2: u32 = 56;
 
 const _: () = assert!(size_of::<rdmamig_postcopy_progress>() == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2 as usize);
 const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
+
+// SAFETY: `size`, `phase` (`u32`), then only `u64` fields (asserted above).
+unsafe impl VersionedBySize for rdmamig_postcopy_progress {
+    const NAME: &'static str = "rdmamig_postcopy_progress";
+    const SIZE_V1: (u32, &'static str) = (RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1, "RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1");
+}
 
 /// Source: switches the migration to post-copy (rdmamig destinations only)
 /// and returns once the destination holds every page.
@@ -326,18 +331,7 @@ pub extern "C" fn rdmamig_conn_postcopy_progress(
 
 /// `out->size` (`None` for a NULL `out`), checked to be at least version 1's.
 fn out_size(out: *mut rdmamig_postcopy_progress, func: &str) -> Result<Option<u32>, Failure> {
-    if out.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: `out` points to a caller's struct whose first field is `size`.
-    let size = unsafe { addr_of!((*out).size).read() };
-    if size < RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 {
-        return Err(Failure::invalid(format!(
-            "{func}: out->size is {size}, less than RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1 \
-             ({RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1}); set it to sizeof(rdmamig_postcopy_progress)"
-        )));
-    }
-    Ok(Some(size))
+    versioned::caller_size(out, func)
 }
 
 /// Writes the fields of `p` that end within `size` bytes of `out`, then
@@ -346,34 +340,26 @@ fn out_size(out: *mut rdmamig_postcopy_progress, func: &str) -> Result<Option<u3
 /// # Safety
 /// `out` must point to at least `size` writable bytes, `size >= 8`.
 unsafe fn fill(out: *mut rdmamig_postcopy_progress, size: u32, p: &PostcopyProgress) {
-    addr_of_mut!((*out).phase).write(phase_of(p.phase) as u32);
-    let mut filled = offset_of!(rdmamig_postcopy_progress, phase) + size_of::<u32>();
-    macro_rules! fill {
-        ($($field:ident = $value:expr),* $(,)?) => {$(
-            let end = offset_of!(rdmamig_postcopy_progress, $field) + size_of::<u64>();
-            if end <= size as usize {
-                addr_of_mut!((*out).$field).write($value);
-                filled = end;
-            }
-        )*};
-    }
-    fill!(
-        pages_total = p.pages_total,
-        pages_remaining = p.pages_remaining,
-        faults_served = p.faults_served,
-        pages_skipped = p.pages_skipped,
-        bytes_pulled = p.bytes_pulled,
-        recoveries = p.recoveries,
-    );
-    addr_of_mut!((*out).size).write(filled as u32);
+    let full = rdmamig_postcopy_progress {
+        size: size_of::<rdmamig_postcopy_progress>() as u32,
+        phase: phase_of(p.phase) as u32,
+        pages_total: p.pages_total,
+        pages_remaining: p.pages_remaining,
+        faults_served: p.faults_served,
+        pages_skipped: p.pages_skipped,
+        bytes_pulled: p.bytes_pulled,
+        recoveries: p.recoveries,
+    };
+    // SAFETY: as this function's contract.
+    unsafe { versioned::fill(out, size, &full) };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Connection;
-    use crate::ffi::conn::rdmamig_conn_free;
-    use crate::ffi::handle::to_boxed_mut_ptr;
+    use crate::conn::rdmamig_conn_free;
+    use crate::connection::Connection;
+    use crate::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
     use std::ptr::{null, null_mut};
 

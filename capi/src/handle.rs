@@ -9,7 +9,7 @@
 //! }
 //!
 //! impl Castable for rdmamig_thing {
-//!     type RustType = crate::engine::Thing;
+//!     type RustType = rdmamig::Thing;
 //! }
 //! ```
 //!
@@ -102,8 +102,8 @@ pub(crate) fn try_slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::last_error::{handle, handle_mut, items, out_ref, record, record_or, string, Failure};
-    use crate::ffi::status::rdmamig_status::{self, *};
+    use crate::last_error::{handle, handle_mut, items, out_ref, record, record_or, string, Failure};
+    use crate::status::rdmamig_status::{self, *};
 
     pub struct rdmamig_dummy {
         _private: [u8; 0],
@@ -229,7 +229,7 @@ mod tests {
     fn status_conversions_in_bodies() {
         extern "C" fn fails() -> rdmamig_status {
             ffi_boundary! {
-                let r: crate::Result<()> = Err(crate::Error::new(crate::ErrorKind::BlockMismatch, "x"));
+                let r: rdmamig::Result<()> = Err(rdmamig::Error::new(rdmamig::ErrorKind::BlockMismatch, "x"));
                 record(|| Ok(r?))
             }
         }

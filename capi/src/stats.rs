@@ -1,12 +1,12 @@
 //! `rdmamig_stats`: a connection's counters, in a struct that can grow.
 
 use std::mem::{offset_of, size_of};
-use std::ptr::{addr_of, addr_of_mut};
 
 use super::conn::{rdmamig_conn, run};
 use super::last_error::Failure;
 use super::status::rdmamig_status;
-use crate::engine::Stats;
+use super::versioned::{self, VersionedBySize};
+use rdmamig::Stats;
 
 /// The size of the first version of `rdmamig_stats` (every field up to
 /// `stream_bytes`), and the smallest `size` `rdmamig_conn_get_stats` accepts.
@@ -23,12 +23,12 @@ pub const RDMAMIG_STATS_SIZE_V1: u32 = 88;
 /// `pin_budget` to `staged_bytes`. Fields the library does not know are left
 /// untouched.
 //
-// This struct is the one list of the counters: build.rs reads the fields
-// after `reserved` (each a `u64` with its doc comment) and generates from
-// them `stats_fields!`, which makes the Rust API's `Stats`, the engine's
-// `Counters` and `fill` below. Add a counter here, at the end, and nowhere
-// else. (cbindgen reads this plain struct for the header: it cannot expand
-// macros on stable Rust, so the list cannot live in a macro.)
+// The counters are generated from the library's one list of them
+// (`Stats::FIELDS`, src/engine/stats.rs): add a counter there, then
+// `make generate` rewrites the lines between the markers below and the
+// header. (cbindgen reads this plain struct for the header: it cannot expand
+// macros on stable Rust.) The test `counters_are_generated_from_the_library`
+// fails while they differ.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct rdmamig_stats {
@@ -38,6 +38,7 @@ pub struct rdmamig_stats {
     /// Reserved (where the first counter's alignment leaves 4 bytes): zero
     /// it. The library sets it to 0.
     pub reserved: u32,
+    // BEGIN generated from rdmamig::Stats::FIELDS (make generate)
     /// Bytes of guest RAM written with RDMA WRITE (source).
     pub bytes_written: u64,
     /// 1 MiB chunks registered for remote access: asked for (source) or
@@ -94,16 +95,23 @@ pub struct rdmamig_stats {
     /// pinned because pinning would allocate or copy their pages (never
     /// touched, the shared zero page, shared by KSM or with a forked child).
     pub staged_bytes: u64,
+    // END generated
 }
 
 /// The size of the second version of `rdmamig_stats` (every field up to
 /// `staged_bytes`).
 pub const RDMAMIG_STATS_SIZE_V2: u32 = 168;
 
-const _: () = assert!(size_of::<rdmamig_stats>() == RDMAMIG_STATS_SIZE_V2 as usize);
-// No padding: `size` and `reserved`, then the counters, all generated from this struct.
-const _: () = assert!(size_of::<rdmamig_stats>() == 8 + 8 * crate::engine::stats::STATS_FIELDS);
+const _: () = assert!(size_of::<rdmamig_stats>() >= RDMAMIG_STATS_SIZE_V2 as usize);
+// No padding: `size` and `reserved`, then the counters in `Stats::FIELDS` order.
+const _: () = assert!(size_of::<rdmamig_stats>() == 8 + 8 * Stats::FIELDS.len());
 const _: () = assert!(offset_of!(rdmamig_stats, bytes_written) == 8);
+
+// SAFETY: `size`, `reserved`, then only `u64` counters (asserted above).
+unsafe impl VersionedBySize for rdmamig_stats {
+    const NAME: &'static str = "rdmamig_stats";
+    const SIZE_V1: (u32, &'static str) = (RDMAMIG_STATS_SIZE_V1, "RDMAMIG_STATS_SIZE_V1");
+}
 
 /// Fills `out` with the connection's counters (see `rdmamig_stats`): zero
 /// `*out` and set `out->size = sizeof(rdmamig_stats)` first. On `RDMAMIG_OK` the fields that
@@ -119,17 +127,7 @@ pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rd
     ffi_boundary! {
         const F: &str = "rdmamig_conn_get_stats";
         run(conn, F, |c| {
-            if out.is_null() {
-                return Err(Failure::null(F, "out"));
-            }
-            // SAFETY: `out` points to a caller's struct whose first field is `size`.
-            let size = unsafe { addr_of!((*out).size).read() };
-            if size < RDMAMIG_STATS_SIZE_V1 {
-                return Err(Failure::invalid(format!(
-                    "{F}: out->size is {size}, less than RDMAMIG_STATS_SIZE_V1 ({RDMAMIG_STATS_SIZE_V1}); \
-                     set it to sizeof(rdmamig_stats)"
-                )));
-            }
+            let size = versioned::caller_size(out, F)?.ok_or_else(|| Failure::null(F, "out"))?;
             let stats = c.stats(F)?;
             // SAFETY: the caller's struct has at least `size` bytes.
             unsafe { fill(out, size, &stats) };
@@ -138,32 +136,25 @@ pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rd
     }
 }
 
-/// Writes the fields of `s` that end within `size` bytes of `out`, then
+/// Writes the counters of `s` that end within `size` bytes of `out`, then
 /// `out->size` = the bytes filled.
 ///
 /// # Safety
 /// `out` must point to at least `size` writable bytes, `size >= 8`.
 unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
-    addr_of_mut!((*out).reserved).write(0);
-    let mut filled = offset_of!(rdmamig_stats, reserved) + size_of::<u32>();
-    macro_rules! fill {
-        ($($(#[$doc:meta])* $field:ident,)*) => {$(
-            let end = offset_of!(rdmamig_stats, $field) + size_of::<u64>();
-            if end <= size as usize {
-                addr_of_mut!((*out).$field).write(s.$field);
-                filled = end;
-            }
-        )*};
-    }
-    crate::engine::stats::stats_fields!(fill);
-    addr_of_mut!((*out).size).write(filled as u32);
+    let mut full = rdmamig_stats { size: size_of::<rdmamig_stats>() as u32, ..Default::default() };
+    let counters = std::ptr::addr_of_mut!(full.bytes_written).cast::<[u64; Stats::FIELDS.len()]>();
+    // SAFETY: the counters follow `reserved` with no padding, in `Stats::FIELDS` order (asserted above).
+    unsafe { counters.write(s.values()) };
+    // SAFETY: as this function's contract.
+    unsafe { versioned::fill(out, size, &full) };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Connection;
-    use crate::ffi::handle::to_boxed_mut_ptr;
+    use crate::connection::Connection;
+    use crate::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
 
     #[test]
@@ -176,7 +167,30 @@ mod tests {
         assert_eq!(rdmamig_conn_get_stats(conn, &mut s), RDMAMIG_ERR_STATE);
         assert_eq!(rdmamig_conn_get_stats(conn, std::ptr::null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_conn_get_stats(std::ptr::null(), &mut s), RDMAMIG_ERR_NULL_PARAMETER);
-        crate::ffi::conn::rdmamig_conn_free(conn);
+        crate::conn::rdmamig_conn_free(conn);
+    }
+
+    /// The counters between the markers are `Stats::FIELDS`, each with its
+    /// doc; `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
+    #[test]
+    fn counters_are_generated_from_the_library() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stats.rs");
+        let text = std::fs::read_to_string(path).unwrap();
+        let (begin, end) = ("// BEGIN generated from rdmamig::Stats::FIELDS (make generate)\n", "    // END generated");
+        let start = text.find(begin).expect("BEGIN marker") + begin.len();
+        let stop = text.find(end).expect("END marker");
+        let mut fields = String::new();
+        for field in Stats::FIELDS {
+            for line in field.doc.lines() {
+                fields.push_str(&format!("    ///{line}\n"));
+            }
+            fields.push_str(&format!("    pub {}: u64,\n", field.name));
+        }
+        if std::env::var_os("RDMAMIG_REGENERATE").is_some() {
+            std::fs::write(path, format!("{}{fields}{}", &text[..start], &text[stop..])).unwrap();
+        } else {
+            assert_eq!(text[start..stop], fields, "capi/src/stats.rs is stale: run `make generate`");
+        }
     }
 
     #[test]

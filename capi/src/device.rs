@@ -39,7 +39,7 @@ pub extern "C" fn rdmamig_device_probe(
             if name_out.is_null() && name_out_len != 0 {
                 return Err(Failure::null(F, "name_out"));
             }
-            let found = crate::engine::device::probe_device(name)?;
+            let found = rdmamig::engine::device::probe_device(name)?;
             let needed = copy_to_c_buf(&found, name_out, name_out_len);
             if name_out_len != 0 && needed >= name_out_len {
                 return Err(Failure::new(

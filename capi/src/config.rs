@@ -4,7 +4,7 @@
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
 use super::last_error::{bytes, handle_mut, record, string, Failure};
 use super::status::rdmamig_status;
-use crate::engine::{AuthKey, Config, SourcePrefix};
+use rdmamig::{AuthKey, Config, SourcePrefix};
 use std::os::raw::c_char;
 use std::time::Duration;
 
@@ -338,7 +338,7 @@ pub extern "C" fn rdmamig_config_set_tos(config: *mut rdmamig_config, tos: u8) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::handle::try_from_ptr;
+    use crate::handle::try_from_ptr;
     use rdmamig_status::*;
 
     #[test]

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{Destination, Ending, Negotiated, Source, Stats};
-use crate::{Error, ErrorKind, Result};
+use rdmamig::{Destination, Ending, Negotiated, Source, Stats};
+use rdmamig::{Error, ErrorKind, Result};
 
 /// The role a [`Connection`] plays, for its whole life.
 enum Role {
@@ -69,7 +69,7 @@ impl Connection {
     /// tests of the argument and closed-connection paths).
     #[cfg(test)]
     pub fn closed() -> Self {
-        let c = Self::source(Source::detached());
+        let c = Self::source(rdmamig::test_support::detached_source());
         c.phase.store(CLOSED, Ordering::Relaxed);
         c
     }
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn an_open_connection_refuses_the_other_role_and_a_second_close() {
-        let c = Connection::source(Source::detached());
+        let c = Connection::source(rdmamig::test_support::detached_source());
         assert!(!c.is_closed() && c.is_source());
         assert!(c.as_source("f").is_ok() && c.stats("f").is_ok() && c.check_open("f").is_ok());
         let e = c.as_destination("f").err().expect("an error");

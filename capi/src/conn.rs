@@ -12,7 +12,8 @@ use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, Castable};
 use super::last_error::{bytes, bytes_mut, handle, items, opt_out, out_ref, record, record_or, string, Failure};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
-use crate::engine::{Connection, Ending, Hint, Read, SaveRange, Source, Unregistration};
+use crate::connection::Connection;
+use rdmamig::{Ending, Hint, Read, SaveRange, Source, Unregistration};
 
 /// One end of a migration connection: a source (made by `rdmamig_connect`)
 /// or a destination (made by `rdmamig_listener_accept`). A call that does
@@ -740,8 +741,8 @@ mod tests {
 
     #[test]
     fn connect_argument_checks() {
-        let config = crate::ffi::config::rdmamig_config_new();
-        let ram = crate::ffi::ram::rdmamig_ram_new();
+        let config = crate::config::rdmamig_config_new();
+        let ram = crate::ram::rdmamig_ram_new();
         let mut out = null_mut();
         assert_eq!(rdmamig_connect(c"127.0.0.1".as_ptr(), 1, config, ram, null_mut()), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_connect(c"127.0.0.1".as_ptr(), 1, null(), ram, &mut out), RDMAMIG_ERR_NULL_PARAMETER);
@@ -749,8 +750,8 @@ mod tests {
         // An empty registry is refused before any device is touched.
         assert_eq!(rdmamig_connect(c"127.0.0.1".as_ptr(), 1, config, ram, &mut out), RDMAMIG_ERR_INVALID_ARGUMENT);
         assert!(out.is_null());
-        crate::ffi::ram::rdmamig_ram_free(ram);
-        crate::ffi::config::rdmamig_config_free(config);
+        crate::ram::rdmamig_ram_free(ram);
+        crate::config::rdmamig_config_free(config);
     }
 
     #[test]

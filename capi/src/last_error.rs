@@ -18,7 +18,7 @@ use std::os::raw::c_char;
 use super::buffer::copy_to_c_buf;
 use super::handle::{opt_str_from_ptr, try_from_mut_ptr, try_from_ptr, try_slice, try_slice_mut, Castable};
 use super::status::rdmamig_status;
-use crate::Error;
+use rdmamig::Error;
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
@@ -166,7 +166,7 @@ pub extern "C" fn rdmamig_last_error_message(buf: *mut c_char, len: usize) -> us
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use rdmamig::ErrorKind;
 
     fn last() -> String {
         let n = rdmamig_last_error_message(std::ptr::null_mut(), 0);

@@ -2,7 +2,7 @@
 //! (Arguments are checked with the helpers of `last_error.rs`.)
 
 /// Runs the enclosed statements under `catch_unwind`. On a panic the function
-/// returns [`crate::ffi::boundary::PanicOrDefault::value()`]: `RDMAMIG_ERR_PANIC`
+/// returns [`crate::boundary::PanicOrDefault::value()`]: `RDMAMIG_ERR_PANIC`
 /// for functions returning `rdmamig_status`, NULL for pointers, 0 for integers,
 /// false for `bool`, nothing for `()`.
 ///
@@ -28,7 +28,7 @@ macro_rules! ffi_boundary {
     ( $($body:tt)* ) => {
         match ::std::panic::catch_unwind(|| { $($body)* }) {
             Ok(ret) => ret,
-            Err(_) => return $crate::ffi::boundary::PanicOrDefault::value(),
+            Err(_) => return $crate::boundary::PanicOrDefault::value(),
         }
     };
 }

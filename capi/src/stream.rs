@@ -7,7 +7,8 @@ use libc::{iovec, ssize_t};
 use super::conn::{keep, rdmamig_conn, run};
 use super::last_error::{bytes, bytes_mut, handle, items, out_ref, Failure};
 use super::status::rdmamig_status;
-use crate::engine::{Connection, Read};
+use crate::connection::Connection;
+use rdmamig::Read;
 
 /// The device-state stream of a connection as callbacks shaped like QEMU's
 /// `QEMUFileOps`, for a hypervisor whose migration code writes and reads
@@ -189,8 +190,8 @@ unsafe extern "C" fn stream_close(opaque: *mut c_void) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::conn::rdmamig_conn_free;
-    use crate::ffi::handle::to_boxed_mut_ptr;
+    use crate::conn::rdmamig_conn_free;
+    use crate::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
 
     #[test]
