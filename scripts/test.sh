@@ -68,6 +68,7 @@ step "prerequisites" bash scripts/prerequisites.sh test deb
 step "cargo build --release" cargo build --release
 step "cargo test --release" cargo test --release
 step "cargo clippy" cargo clippy --release --all-targets --features rdma-tests,bench-internals -- -D warnings
+step "cargo clippy (library as users build it)" cargo clippy --release -p rdmamig -- -D warnings
 step "header check" bash scripts/check-header.sh
 step "make (versioned .so)" make --no-print-directory
 step "ABI check" bash scripts/check-abi.sh

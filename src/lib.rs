@@ -2,9 +2,13 @@
 //! QEMU's RDMA migration protocol version 1 on the wire.
 //!
 //! Layers, each with one job:
-//! - [`wire`]: the protocol codec (pure, no I/O, fuzzed);
-//! - [`verbs`]: thin RAII over libibverbs/librdmacm, the only place with raw verbs `unsafe`;
+//! - `wire`: the protocol codec (pure, no I/O, fuzzed);
+//! - `verbs`: thin RAII over libibverbs/librdmacm, the only place with raw verbs `unsafe`;
+//! - `host`: this host's kernel and memory (pagemap, zero scans, userfaultfd,
+//!   eventfds, memlock limits);
 //! - [`engine`]: source/destination state machines, control channel, RAM chunks;
+//! - [`doctor`]: whether this host can migrate over RDMA, and what to fix;
+//! - the C ABI is its own crate (capi/, `librdmamig.so.0`), over this one;
 //! - [`fabric`]: the InfiniBand vSwitch reconfiguration planner (pure, beside `wire`):
 //!   which LFT SMPs move a migrating VM's LID, and what they cost.
 //!
@@ -23,20 +27,34 @@
 //! is installed ([`set_log_hook`]).
 
 mod bitmap;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod fabric;
+mod host;
+pub(crate) mod logging;
 pub mod recording;
+// The codec and the verbs layer are the library's own; the `internals`
+// feature opens them (and nothing else changes) for the fuzz targets, the
+// golden and layout tests and the RDMA suite's crafted peers.
+#[cfg(feature = "internals")]
 pub mod verbs;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod verbs;
+#[cfg(feature = "internals")]
 pub mod wire;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)]
+mod wire;
 
-pub use engine::doctor;
 pub use engine::{
-    set_log_hook, AuthKey, Config, Destination, Ending, Event, Hint, Listener, LogHook, LogLevel, Negotiated, Observer,
-    RamBlock, RamBlocks, Read, SaveRange, Source, SourcePrefix, Stats, Unregistration,
+    AuthKey, Config, Destination, Ending, Event, Hint, Listener, Negotiated, Observer, RamBlock, RamBlocks, Read,
+    SaveRange, Source, SourcePrefix, Stats, Unregistration,
 };
 pub use engine::{PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
 pub use error::{Error, ErrorKind, Result};
+pub use logging::{set_log_hook, Level as LogLevel, LogHook};
 
 /// What the fuzz targets (`fuzz/`) drive directly, without a connection.
 /// Not part of the API: only built with the `fuzzing` feature.
@@ -54,7 +72,7 @@ pub mod fuzzing {
 #[doc(hidden)]
 pub mod bench_internals {
     pub use crate::engine::source::front::Front;
-    pub use crate::engine::zero::{supported as zero_scans, Scan, Variant};
+    pub use crate::host::zero::{supported as zero_scans, Scan, Variant};
 }
 
 /// Failure injection for the RDMA test suite (`tests/rdma`). Not part of
@@ -80,7 +98,7 @@ pub mod test_support {
 
     /// Logs `message` at `level` as the library does (to the installed hook).
     pub fn log(level: crate::LogLevel, message: std::fmt::Arguments<'_>) {
-        crate::engine::logging::log(level, message);
+        crate::logging::log(level, message);
     }
 }
 

@@ -6,7 +6,7 @@ use std::os::raw::{c_char, c_void};
 
 use super::last_error::{record, Failure};
 use super::status::rdmamig_status;
-use rdmamig::engine::logging::{set_log_hook, Level};
+use rdmamig::{set_log_hook, LogLevel as Level};
 
 /// The level of a log record (`rdmamig_set_log_callback`). The values are
 /// fixed; a more verbose level has a larger value.

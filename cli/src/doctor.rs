@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use rdmamig::doctor::{self, human, kib, Report, Verdict};
-use rdmamig::verbs::{ForkMode, GidType};
+use rdmamig::doctor::{ForkMode, GidType};
 use serde_json::{json, Value};
 
 pub fn run(guest_size: Option<u64>, as_json: bool) -> ExitCode {

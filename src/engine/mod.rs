@@ -10,27 +10,19 @@ pub mod auth;
 pub mod config;
 pub(crate) mod destination;
 pub mod device;
-pub mod doctor;
-mod event;
 pub(crate) mod link;
-pub mod logging;
-mod page_buffer;
-mod pagemap;
-mod pin;
-mod populated;
+pub(crate) mod pin;
 pub(crate) mod postcopy;
 pub mod ram;
 pub(crate) mod source;
 pub mod stats;
 mod sync;
 mod validate;
-pub(crate) mod zero;
 
 pub use auth::{AuthKey, SourcePrefix};
 pub use config::Config;
 pub use destination::{Destination, Observer, Read};
 pub use link::{Listener, Negotiated};
-pub use logging::{set_log_hook, Level as LogLevel, LogHook};
 pub use pin::{Hint, Unregistration};
 pub use postcopy::{PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
 pub use ram::{RamBlock, RamBlocks, Run};
@@ -71,5 +63,3 @@ pub enum Event {
     /// REGISTER_FINISHED, after `stream_offset` stream bytes: the window's RAM is in place.
     WindowClosed { stream_offset: u64 },
 }
-
-pub(crate) use zero::is_zero;

@@ -8,8 +8,8 @@
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use crate::engine::populated::Memory;
-pub use crate::engine::populated::Run;
+use crate::host::populated::Memory;
+pub use crate::host::populated::Run;
 use crate::wire::{BlockSpec, CHUNK_SHIFT, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 

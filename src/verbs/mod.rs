@@ -93,7 +93,7 @@ impl VerbsError {
     }
 
     /// The errno as a `std::io::Error`.
-    pub fn to_io_error(&self) -> std::io::Error {
+    pub fn to_io_error(self) -> std::io::Error {
         std::io::Error::from_raw_os_error(self.errno)
     }
 }

@@ -16,7 +16,8 @@ use crate::engine::link::{protocol_error, Negotiated};
 use crate::engine::postcopy::{self, plan::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
-use crate::engine::{is_zero, validate, Ending, Event};
+use crate::engine::{validate, Ending, Event};
+use crate::host::is_zero;
 use crate::wire::{
     BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,
     PostcopyRecovery, QpEndpoint, RegisterRequest, RegisterResult,
@@ -488,7 +489,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::engine::page_buffer::PageBuffer;
+    use crate::host::page_buffer::PageBuffer;
     use crate::wire::{decode_message, PostcopyBlock, CHUNK_SIZE, CONTROL_BUFFER_SIZE, MAX_REPEAT};
 
     const MIB: u64 = CHUNK_SIZE;

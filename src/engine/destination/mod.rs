@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Listener, Negotiated};
-use crate::engine::logging;
 use crate::engine::pin::{self, Pins, Unregistration};
 use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, PostcopyProgress, Progress};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::Ending;
+use crate::host::readiness::Readiness;
+use crate::logging;
 use crate::wire::{CommandType, SEND_INCREMENT};
 use crate::{Error, ErrorKind, Result};
 use service::Service;

@@ -14,10 +14,10 @@ use parking_lot::Mutex;
 use super::auth::auth_error;
 use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
 use crate::engine::auth::{self, Endpoints, Nonce, Role, Transcript};
-use crate::engine::logging;
 use crate::engine::pin;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
+use crate::logging;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
 use crate::wire::{
     AcceptData, AuthChallenge, Capabilities, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,

@@ -4,27 +4,24 @@
 //! registrations it drops to the unregistration worker. Which registration to drop is the source's call
 //! ([`Lru`]): only it knows which chunks it will write again.
 
-mod budget;
 mod lru;
 mod pin_all;
-mod sharing;
 mod unregister;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-pub(crate) use budget::{cgroup_memory_limit, has_ipc_lock, memlock_rlimit};
 pub use lru::{Hint, Lru};
 pub(crate) use pin_all::PinAll;
-pub use sharing::pin_would_copy;
 pub use unregister::Unregistration;
 
-use crate::engine::logging;
-use crate::engine::page_buffer::PageBuffer;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
+use crate::host::limits;
+use crate::host::page_buffer::PageBuffer;
+use crate::logging;
 use crate::verbs::{self, Access, ForkMode, MemoryRegion, ProtectionDomain, VerbsError};
 use crate::wire::CONTROL_BUFFER_SIZE;
 use crate::{Error, ErrorKind, Result};
@@ -76,7 +73,7 @@ fn effective_budget(configured: Option<u64>, memlock: Option<u64>) -> Option<u64
 
 /// The budget of a connection side with `config` in this process.
 pub fn budget_for(config: &Config) -> Option<u64> {
-    effective_budget(config.pin_budget, budget::memlock_limit())
+    effective_budget(config.pin_budget, limits::memlock_limit())
 }
 
 /// The error for a failed registration of `len` bytes: `PinBudget` when the
@@ -112,7 +109,7 @@ impl Pins {
     pub fn new(pd: Arc<ProtectionDomain>, config: &Config, counters: Arc<Counters>) -> Result<Pins> {
         let budget = budget_for(config);
         Counters::set(&counters.pin_budget, budget.unwrap_or(u64::MAX));
-        Counters::set(&counters.cgroup_memory_limit, budget::cgroup_memory_limit().unwrap_or(u64::MAX));
+        Counters::set(&counters.cgroup_memory_limit, limits::cgroup_memory_limit().unwrap_or(u64::MAX));
         Counters::set(&counters.fork_mode, fork_mode() as u64);
         let worker = if config.unregister_worker { Some(Unregistration::get()?) } else { None };
         Ok(Pins { pd, budget, counters, worker, releasing: Arc::default() })

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::engine::pagemap::page_size;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
+use crate::host::pagemap::page_size;
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain};
 use crate::{Error, ErrorKind, Result};
 
@@ -158,7 +158,7 @@ fn prefault(host: usize, len: u64, spare_cpus: usize, cancel: &AtomicBool, count
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::pagemap::{entries, PM_PRESENT};
+    use crate::host::pagemap::{entries, PM_PRESENT};
 
     /// Pages present in a fresh mapping of three pieces after `prefault`
     /// with `cancel` as given, and the progress it counted.

@@ -20,14 +20,14 @@ use std::sync::mpsc::{self, Receiver, Sender};
 
 use super::installer::{self, Done, Job};
 use super::plan::{read_tables, PlanBlock};
-use super::uffd::{Installed, Userfault};
-use super::wake::{self, EventFd};
 use super::{Fetch, Fetches, PostcopyPhase, Progress, Recovery};
 use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::{protocol_error, Link};
-use crate::engine::logging;
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
+use crate::host::uffd::{Installed, Userfault};
+use crate::host::wake::{self, EventFd};
+use crate::logging;
 use crate::verbs::Sge;
 use crate::wire::{CommandType, PostcopySummary, QpEndpoint, POSTCOPY_PAGE_SIZE};
 use crate::{Error, ErrorKind, Result};

@@ -14,8 +14,8 @@
 
 use std::sync::mpsc::{Receiver, Sender};
 
-use super::uffd::{Installed, Userfault};
-use super::wake::EventFd;
+use crate::host::uffd::{Installed, Userfault};
+use crate::host::wake::EventFd;
 use crate::Result;
 
 /// Pages to install from a pull slot: runs of (destination address,

@@ -61,8 +61,6 @@ pub(crate) mod destination;
 mod installer;
 pub(crate) mod plan;
 pub(crate) mod source;
-mod uffd;
-mod wake;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -71,6 +69,8 @@ use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+
+use crate::host::wake::EventFd;
 
 use crate::engine::Config;
 use crate::wire::PostcopyRecovery;
@@ -178,7 +178,7 @@ pub(crate) struct Fetches {
     /// Requests pushed since the last `take`: spares the post-copy loop a
     /// system call and a lock per pass when there are none (nearly always).
     queued: AtomicUsize,
-    wake: wake::EventFd,
+    wake: EventFd,
 }
 
 /// One request: `len` bytes at host address `addr`; `done` gets `()` once
@@ -191,7 +191,7 @@ pub(crate) struct Fetch {
 
 impl Fetches {
     pub fn new() -> Result<Fetches> {
-        Ok(Fetches { queue: Mutex::new(Vec::new()), queued: AtomicUsize::new(0), wake: wake::EventFd::new()? })
+        Ok(Fetches { queue: Mutex::new(Vec::new()), queued: AtomicUsize::new(0), wake: EventFd::new()? })
     }
 
     /// Queue, signal, then count: a signal `take` has not drained belongs to

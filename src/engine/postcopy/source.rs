@@ -8,12 +8,12 @@ use super::StalePages;
 use crate::bitmap::{self, for_each_run};
 use crate::engine::link::Link;
 use crate::engine::link::Listener;
-use crate::engine::logging;
-use crate::engine::page_buffer::PageBuffer;
 use crate::engine::pin::Pins;
 use crate::engine::postcopy;
 use crate::engine::ram::RamBlocks;
 use crate::engine::Config;
+use crate::host::page_buffer::PageBuffer;
+use crate::logging;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{
     postcopy_bitmap_words, postcopy_table_len, CommandType, EncodeError, Entry, Message, MessageWriter, PostcopyBlock,

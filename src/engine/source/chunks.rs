@@ -13,9 +13,10 @@
 
 use super::registration::REGISTER_BATCH;
 use super::transfer::{Engine, Piece};
-use crate::engine::pin::{pin_would_copy, Hint};
+use crate::engine::pin::Hint;
 use crate::engine::ram::chunk_of;
 use crate::engine::stats::Counters;
+use crate::host::sharing::pin_would_copy;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{CommandType, RegisterRequest, CHUNK_SIZE, MAX_REPEAT};
 use crate::{Error, ErrorKind, Result};

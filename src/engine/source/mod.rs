@@ -21,15 +21,15 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use crate::engine::event::Readiness;
 use crate::engine::link::{Link, Negotiated};
-use crate::engine::logging;
 use crate::engine::pin::{self, Hint, Unregistration};
 use crate::engine::postcopy::{self, PostcopySummary, StalePages};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::sync::Done;
 use crate::engine::{Config, Ending};
+use crate::host::readiness::Readiness;
+use crate::logging;
 use crate::wire::{CONTROL_TAG_LEN, MAX_PAYLOAD, SEND_INCREMENT};
 use crate::{Error, ErrorKind, Result};
 use front::Front;

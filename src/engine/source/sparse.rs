@@ -14,8 +14,8 @@
 //! precedes its writes).
 
 use super::transfer::{Engine, Piece};
-use crate::engine::is_zero;
 use crate::engine::ram::{RamBlock, Run};
+use crate::host::is_zero;
 
 /// Granularity of the zero scan of populated memory.
 const SCAN: u64 = 4096;
@@ -103,7 +103,7 @@ mod tests {
     const PAGE: u64 = 4096;
 
     fn pagemap_present(ptr: *const u8, pages: u64) -> Vec<bool> {
-        use crate::engine::pagemap::{entries, PM_PRESENT};
+        use crate::host::pagemap::{entries, PM_PRESENT};
         entries(ptr, pages, PM_PRESENT).into_iter().map(|e| e != 0).collect()
     }
 

@@ -6,8 +6,8 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use crate::engine::page_buffer::PageBuffer;
 use crate::engine::pin::Pins;
+use crate::host::page_buffer::PageBuffer;
 use crate::verbs::{MemoryRegion, Sge};
 use crate::Result;
 

@@ -130,7 +130,7 @@ mod x86 {
     ///
     /// # Safety
     /// `ptr..ptr + len` must be mapped and readable.
-    pub(super) unsafe fn sse2(ptr: *const u8, len: usize) -> bool {
+    pub(crate) unsafe fn sse2(ptr: *const u8, len: usize) -> bool {
         // SAFETY: `around` passes 16-byte aligned vectors inside the range.
         unsafe {
             around(ptr, len, 16, |p, n| {
@@ -157,7 +157,7 @@ mod x86 {
     ///
     /// # Safety
     /// `ptr..ptr + len` must be mapped and readable, and the CPU must have AVX2.
-    pub(super) unsafe fn avx2(ptr: *const u8, len: usize) -> bool {
+    pub(crate) unsafe fn avx2(ptr: *const u8, len: usize) -> bool {
         /// # Safety
         /// `n` 32-byte aligned vectors from `p` are readable; the CPU has AVX2.
         #[target_feature(enable = "avx2")]
@@ -198,7 +198,7 @@ mod x86 {
     /// `ptr..ptr + len` must be mapped and readable, and the CPU must have AVX-512F.
     #[cfg(rdmamig_avx512)]
     #[clippy::msrv = "1.89"] // build.rs sets the cfg from 1.89 on
-    pub(super) unsafe fn avx512f(ptr: *const u8, len: usize) -> bool {
+    pub(crate) unsafe fn avx512f(ptr: *const u8, len: usize) -> bool {
         /// # Safety
         /// `n` 64-byte aligned vectors from `p` are readable; the CPU has AVX-512F.
         #[target_feature(enable = "avx512f")]

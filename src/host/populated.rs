@@ -25,7 +25,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, OnceLock};
 
-use crate::engine::pagemap::{self, page_size, PM_PRESENT, PM_SWAP};
+use crate::host::pagemap::{self, page_size, PM_PRESENT, PM_SWAP};
 use crate::{Error, ErrorKind, Result};
 
 /// A run of a queried range, `[start, end)` relative to the block start.

@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 
 use crate::engine::pin::{self, CONTROL_PINNED};
 use crate::engine::source::REGISTER_BATCH;
-use crate::verbs::{self, CmEventKind, CmId, EventChannel, ForkMode, Gid, GidType, LinkLayer, PortState};
+use crate::host::limits;
+use crate::verbs::{self, CmEventKind, CmId, EventChannel, Gid, LinkLayer, PortState};
 use crate::wire::CHUNK_SIZE;
+
+/// The verbs facts a [`Report`] names.
+pub use crate::verbs::{ForkMode, GidType};
 
 /// How long the rdma_cm check waits for each resolution.
 const CM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -169,14 +173,14 @@ pub fn diagnose(guest_size: Option<u64>) -> Report {
         Ok(names) => (names.iter().map(|n| device_report(n)).collect(), None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
-    let (memlock_soft, memlock_hard) = pin::memlock_rlimit();
-    let cap_ipc_lock = pin::has_ipc_lock();
+    let (memlock_soft, memlock_hard) = limits::memlock_rlimit();
+    let cap_ipc_lock = limits::has_ipc_lock();
     let memory = MemoryLimits {
         memlock_soft,
         memlock_hard,
         cap_ipc_lock,
         effective: if cap_ipc_lock { None } else { memlock_soft },
-        cgroup_limit: pin::cgroup_memory_limit(),
+        cgroup_limit: limits::cgroup_memory_limit(),
     };
     let fork_safe_env = ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"]
         .iter()

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use crate::{Error, ErrorKind, Result};
 
 /// A non-blocking eventfd.
-pub(super) struct EventFd(OwnedFd);
+pub(crate) struct EventFd(OwnedFd);
 
 impl EventFd {
     pub fn new() -> Result<EventFd> {
@@ -39,7 +39,7 @@ impl EventFd {
 }
 
 /// An epoll set of `fds` (readable), itself readable while any of them is.
-pub(super) fn epoll_of(fds: &[RawFd]) -> Result<OwnedFd> {
+pub(crate) fn epoll_of(fds: &[RawFd]) -> Result<OwnedFd> {
     // SAFETY: flags only; a new fd or -1.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     if ep < 0 {
