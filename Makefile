@@ -177,15 +177,15 @@ deb:
 
 # The migration benchmark: ib_write_bw anchors, QEMU -> QEMU and rdmamig <->
 # rdmamig (dense guest in four modes, sparse guest, final round) in one guest
-# boot; prints one table (README "Benchmark"). Needs root; RXE_VM_MEM 6G.
+# boot; prints one table (docs/benchmarks.md). Needs root; RXE_VM_MEM 6G.
 BENCH_ARGS ?=
 bench:
 	bash scripts/bench.sh $(BENCH_ARGS)
 
 # The post-copy benchmark: fault service latency (1 and 4 vCPU threads) and
 # the background pull (dense, sparse) against ib_read_lat / ib_read_bw in one
-# guest boot (examples/postcopy_bench.rs, scripts/postcopy-bench.sh; README
-# "Benchmark"). Needs root; RXE_VM_MEM 3G. Options: BENCH_POSTCOPY_ARGS.
+# guest boot (examples/postcopy_bench.rs, scripts/postcopy-bench.sh;
+# docs/benchmarks.md). Needs root; RXE_VM_MEM 3G. Options: BENCH_POSTCOPY_ARGS.
 BENCH_POSTCOPY_ARGS ?=
 bench-postcopy:
 	bash scripts/postcopy-bench.sh $(BENCH_POSTCOPY_ARGS)

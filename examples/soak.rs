@@ -87,17 +87,16 @@ const BASELINE: u64 = 10;
 /// How far VmRSS may rise above its run-10 value (it is read after
 /// `malloc_trim`, see `Figures::of_this_process`). Two things raise it
 /// without a leak: the allocator's pages, more of them partly used as runs
-/// go by (+72 to +124 KiB from run 10 to 1,000, levelling off); and a new
-/// thread stack (glibc keeps freed ones for reuse) that the kernel backs
-/// with a transparent huge page, 2 MiB at its first touch (seen once in
-/// about ten boots: +2040 KiB between runs 10 and 20). What a leak
-/// allocates shows in the heap figure, to within `HEAP_SLACK`.
+/// go by (levelling off); and a new thread stack (glibc keeps freed ones for
+/// reuse) that the kernel backs with a transparent huge page, 2 MiB at its
+/// first touch (what each was seen to add: docs/testing.md, Soak). What a
+/// leak allocates shows in the heap figure, to within `HEAP_SLACK`.
 const RSS_SLACK_KIB: u64 = 4096;
 /// How far the heap in use may move from its run-10 value: with the
 /// allocator's per-thread caches off (`TCACHE_OFF`), what is allocated
 /// between migrations is the same from run to run but for the size class
-/// of an allocation here and there (16 bytes seen); a leak of a few bytes
-/// per run shows over 1,000 runs.
+/// of an allocation here and there; a leak of a few bytes per run shows
+/// over 1,000 runs.
 const HEAP_SLACK: u64 = 1024;
 /// glibc's per-thread caches keep up to 7 freed chunks of each size for the
 /// thread that freed them, and these count as in use: off, so that the

@@ -73,6 +73,7 @@ step "header check" bash scripts/check-header.sh
 step "make (versioned .so)" make --no-print-directory
 step "ABI check" bash scripts/check-abi.sh
 step "C tests (make check)" make --no-print-directory c-tests check
+step "README C example" bash scripts/check-readme-c.sh
 step "install + pkg-config + meson" bash scripts/check-install.sh
 step "C API docs (Doxygen)" bash scripts/docs.sh
 step "debian packages" bash scripts/deb.sh --check

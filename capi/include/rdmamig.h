@@ -2,7 +2,7 @@
  * rdmamig: live migration of VM memory over RDMA (QEMU RDMA migration protocol v1).
  * SPDX-License-Identifier: MIT OR Apache-2.0
  *
- * Conventions (README.md, "API conventions"):
+ * Conventions (docs/c-api.md, "Conventions"):
  * - fallible calls return rdmamig_status; RDMAMIG_OK (0) is success;
  * - handles are created by rdmamig_<noun>_new and released by rdmamig_<noun>_free;
  *   _free(NULL) is a no-op;
@@ -1046,7 +1046,7 @@ rdmamig_status rdmamig_config_set_return_path(struct rdmamig_config *config, boo
  *
  * Only the start of the connection is authenticated: guest memory travels
  * in RDMA WRITEs that are neither encrypted nor integrity-protected (see
- * the README's security section).
+ * docs/security.md).
  */
 rdmamig_status rdmamig_config_set_auth_key(struct rdmamig_config *config,
                                            const uint8_t *key,
@@ -1579,9 +1579,8 @@ struct rdmamig_fabric *rdmamig_fabric_new(void);
  * most `ports` / 2), each with a PF and `vfs_per_hypervisor` VFs, every
  * LID assigned in order (end nodes leaf by leaf, then switches) and every
  * LFT filled with d-mod-k up/down routes. `width` or `hosts_per_leaf` 0
- * takes the full tree's (`ports`, `ports` / 2). The README's "vSwitch
- * reconfiguration planner" describes the shapes, the LID order and the
- * routing.
+ * takes the full tree's (`ports`, `ports` / 2). docs/fabric.md describes
+ * the shapes, the LID order and the routing.
  *
  * On `RDMAMIG_OK`, `*out` is the new fabric; on failure it is left
  * unchanged. Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or
@@ -1996,8 +1995,8 @@ rdmamig_status rdmamig_set_log_callback(rdmamig_log_callback callback,
  * destination, a QEMU destination (no extensions), inside an iteration
  * window, before the first window, post-copy called before);
  * `RDMAMIG_ERR_PIN_BUDGET`; or the
- * connection's error (then the destination's guest is lost: see the
- * README's post-copy section).
+ * connection's error (then the destination's guest is lost: see
+ * docs/postcopy.md).
  *
  * Thread safety: needs exclusive use of `conn` (but `rdmamig_conn_abort`,
  * `rdmamig_conn_get_stats` and the other `const` calls may run meanwhile).

@@ -264,7 +264,7 @@ pub extern "C" fn rdmamig_config_set_return_path(config: *mut rdmamig_config, re
 ///
 /// Only the start of the connection is authenticated: guest memory travels
 /// in RDMA WRITEs that are neither encrypted nor integrity-protected (see
-/// the README's security section).
+/// docs/security.md).
 #[no_mangle]
 pub extern "C" fn rdmamig_config_set_auth_key(
     config: *mut rdmamig_config,

@@ -175,9 +175,8 @@ pub extern "C" fn rdmamig_fabric_new() -> *mut rdmamig_fabric {
 /// most `ports` / 2), each with a PF and `vfs_per_hypervisor` VFs, every
 /// LID assigned in order (end nodes leaf by leaf, then switches) and every
 /// LFT filled with d-mod-k up/down routes. `width` or `hosts_per_leaf` 0
-/// takes the full tree's (`ports`, `ports` / 2). The README's "vSwitch
-/// reconfiguration planner" describes the shapes, the LID order and the
-/// routing.
+/// takes the full tree's (`ports`, `ports` / 2). docs/fabric.md describes
+/// the shapes, the LID order and the routing.
 ///
 /// On `RDMAMIG_OK`, `*out` is the new fabric; on failure it is left
 /// unchanged. Returns `RDMAMIG_OK`, `RDMAMIG_ERR_NULL_PARAMETER` or

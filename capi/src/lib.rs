@@ -1,6 +1,6 @@
 //! The C ABI: argument checks, panic boundary, handle casts. No logic.
 //!
-//! Conventions (see README.md, "API conventions"), modelled on rustls-ffi:
+//! Conventions (see docs/c-api.md, "Conventions"), modelled on rustls-ffi:
 //!
 //! - Every exported function is `#[no_mangle] pub extern "C" fn rdmamig_<noun>_<verb>`
 //!   and its whole body sits inside [`ffi_boundary!`], so a panic becomes

@@ -170,8 +170,8 @@ unsafe impl VersionedBySize for rdmamig_postcopy_progress {
 /// destination, a QEMU destination (no extensions), inside an iteration
 /// window, before the first window, post-copy called before);
 /// `RDMAMIG_ERR_PIN_BUDGET`; or the
-/// connection's error (then the destination's guest is lost: see the
-/// README's post-copy section).
+/// connection's error (then the destination's guest is lost: see
+/// docs/postcopy.md).
 ///
 /// Thread safety: needs exclusive use of `conn` (but `rdmamig_conn_abort`,
 /// `rdmamig_conn_get_stats` and the other `const` calls may run meanwhile).

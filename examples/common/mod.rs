@@ -23,9 +23,9 @@ pub fn mix(mut z: u64) -> u64 {
 /// touch (so the guest's free memory is touched once and given back), and
 /// librdmacm discovers the devices once per process (done here through the
 /// doctor's rdma_cm check; ib_write_bw's clock also starts after its setup,
-/// and a hypervisor pays this once, not per migration). Measured: the first
-/// connect of a process 0.09-0.10 s, later ones 0.02-0.03 s. Returns the
-/// bytes touched and the time it all took.
+/// and a hypervisor pays this once, not per migration; the first connect of
+/// a process takes several times a later one's: docs/benchmarks.md). Returns
+/// the bytes touched and the time it all took.
 pub fn warm_up() -> (u64, Duration) {
     let started = Instant::now();
     let available = std::fs::read_to_string("/proc/meminfo")

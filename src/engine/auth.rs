@@ -23,7 +23,7 @@
 //! recovery request proves itself with.
 //!
 //! RDMA WRITE and READ payloads (guest memory) are neither encrypted nor
-//! integrity-protected (see the README's security section).
+//! integrity-protected (see docs/security.md).
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};

@@ -7,10 +7,8 @@
 //! destination's service thread: they ask once per chunk first touched)
 //! keep the file open (`keep_open`) until they end, with their connection;
 //! any other thread opens it for each query, so that the library holds no
-//! descriptor on a hypervisor's thread. Under TCG the opens were most of the
-//! cost (rxe guest, one 256 MiB dense migration, instrumented: the pin
-//! checks took 58 ms of the transfer thread opening per chunk, 15 ms with
-//! the file kept open; the never-populated runs 17 ms and 6-9 ms).
+//! descriptor on a hypervisor's thread. An open costs more than the read it
+//! serves (under TCG most of a query; figures in docs/benchmarks.md).
 
 use std::cell::RefCell;
 use std::fs::File;

@@ -99,8 +99,8 @@ mod x86 {
 
     /// Vectors OR-ed together between two tests: the scan stops within this
     /// many vectors of a non-zero byte, and keeps several loads in flight
-    /// (8 rather than 4: SSE2 over cached data went from ~42 to ~67 GB/s in
-    /// `examples/save_path.rs`).
+    /// (8 rather than 4: faster over cached data in `examples/save_path.rs`,
+    /// docs/benchmarks.md).
     const UNROLL: usize = 8;
 
     /// Splits `ptr..ptr + len` into a head of bytes up to `align`, a body of

@@ -122,7 +122,7 @@ const KEY: &[u8] = b"hostile suite: pre-shared key 32";
 const CRAFTED_ACCEPT_WAIT: Duration = Duration::from_secs(3);
 const OFFERED: u32 = CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH;
 
-/// The handshake's transcript as the README describes it, computed here
+/// The handshake's transcript as docs/security.md describes it, computed here
 /// independently of the library: the version, the offered and granted
 /// flags, both nonces, the announced pin budget, no recovery tag, and the
 /// endpoints (the source's IPv4 address, the destination's and its port).
@@ -279,8 +279,8 @@ fn first_message_other_than_auth_is_refused() {
     h.refused(&["did not authenticate", "expected AUTH"]);
 }
 
-/// After the handshake every control message carries its tag, as the
-/// README describes it: the destination's next READY and its answer to a
+/// After the handshake every control message carries its tag, as
+/// docs/security.md describes it: the destination's next READY and its answer to a
 /// tagged RAM_BLOCKS_REQUEST carry theirs (numbers 0 and 1 from the
 /// destination), and the same request played again (its number is past) is
 /// refused with an authentication error, before anything in the RAM moved.

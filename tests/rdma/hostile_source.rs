@@ -1164,7 +1164,7 @@ fn recovery_listener_refuses_requests_without_the_tokens_proof() {
     );
 }
 
-/// A recovery request's tag as the README describes it, computed here
+/// A recovery request's tag as docs/security.md describes it, computed here
 /// independently of the library, for a source without a key: HMAC-SHA-256
 /// under the token of a label, the token, the request's nonce and the
 /// address it comes from, truncated to 16 bytes.

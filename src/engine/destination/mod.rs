@@ -210,7 +210,7 @@ impl Destination {
     /// `Timeout`; `Duration::ZERO` never waits (`WouldBlock` while the phase
     /// is not reached). Right after a failure in post-copy is visible the
     /// post-copy blocks become PROT_NONE and threads blocked on them get
-    /// SIGSEGV (the README's post-copy failure semantics; complete once
+    /// SIGSEGV (docs/postcopy.md, failure semantics; complete once
     /// `close` returns): stop the VM. Any thread.
     pub fn wait_postcopy(&self, phase: PostcopyPhase, timeout: Option<Duration>) -> Result<PostcopyProgress> {
         let deadline = timeout.map(|t| Instant::now() + t);

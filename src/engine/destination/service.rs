@@ -170,8 +170,7 @@ impl Service {
         // Pin-all starts here, on its own thread, while the source gets ready
         // to ask for the blocks; the first READY goes out without waiting for it.
         // It pre-faults on every CPU: the guest does not run here yet, and the
-        // source waits for it. (On rxe's two-CPU TCG guest one thread left the
-        // other CPU idle; two took 256 MiB in 117-132 ms against 136-140.)
+        // source waits for it. (One thread leaves the other CPUs idle.)
         if self.link.negotiated.pin_all {
             self.pin_all = Some(self.pins.pin_all(self.dispatcher.ram(), written_by_source(), 0)?);
         }

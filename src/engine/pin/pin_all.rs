@@ -20,9 +20,9 @@ use crate::{Error, ErrorKind, Result};
 
 /// Bytes one pre-faulting thread takes at a time: one `madvise`, which holds the
 /// process's mmap lock for reading throughout, so every mmap or munmap of the
-/// process (a thread's start included) waits for it. 4 MiB take about 2.5 ms
-/// on rxe's TCG guest; with 64 MiB (32 ms) the second thread often could not
-/// start until the first had done nearly all.
+/// process (a thread's start included) waits for it: the piece bounds that
+/// wait. With 64 MiB pieces the second thread often could not start until
+/// the first had done nearly all (docs/benchmarks.md).
 const PIECE: u64 = 4 << 20;
 /// Pre-faulting threads at most.
 const MAX_THREADS: usize = 8;

@@ -45,15 +45,14 @@ const PULL_SLOTS: usize = PULL_DEPTH + 2;
 const FAULT_SLOTS: usize = 16;
 /// After a fault, background reads are held back this long (at most one in
 /// flight): a vCPU that faulted faults again soon, and on rxe posting a
-/// 64 KiB read costs the posting thread about 0.6 ms.
+/// read costs the posting thread most of the read, which a fault then waits for.
 const PULL_HOLD: Duration = Duration::from_millis(2);
 /// While held back, one background read at most this often, so that the
 /// pull progresses under a steady stream of faults.
 const PULL_TRICKLE: Duration = Duration::from_millis(20);
 /// Pages per background read while held back (16 KiB): a fault that comes
-/// while the thread posts one waits a quarter as long. One rxe boot, runs
-/// alternating, one vCPU: fault p99 571/523/780 µs against 1085/1515/1128
-/// with full 64 KiB reads, p50 unchanged; the pull gains a quarter as much
+/// while the thread posts one waits a quarter as long (the fault p99 against
+/// full 64 KiB reads: docs/benchmarks.md); the pull gains a quarter as much
 /// while faults keep coming.
 const TRICKLE_PAGES: u64 = 4;
 /// Present pages between two stale ones that a background read reads
@@ -61,7 +60,8 @@ const TRICKLE_PAGES: u64 = 4;
 /// a page on rxe and on hardware NICs alike).
 const MERGE_GAP: u64 = 4;
 /// How long the loop polls for the next fault after serving one, at most
-/// (`spin`): waking the sleeping thread costs 40-100 µs on the rxe guest.
+/// (`spin`): waking the sleeping thread costs about as much as a fault's
+/// read on rxe (docs/benchmarks.md).
 const SPIN_MAX: Duration = Duration::from_micros(500);
 /// Windows remembered around recent faults.
 const HOT_WINDOWS: usize = 16;
@@ -445,10 +445,8 @@ impl Puller<'_> {
     /// fault, if that was under `SPIN_MAX`. A vCPU that faulted often
     /// faults again soon, and waking the sleeping thread costs about as
     /// much as the read. It yields the CPU on each pass: with more runnable
-    /// threads than CPUs a busy spin slowed four faulting vCPUs by a fifth.
-    /// (One rxe boot, runs alternating, fault p50 one vCPU / four vCPUs:
-    /// without a spin 404/886, 593/719, 424/1203 µs; this 296/911,
-    /// 377/890, 470/887 µs.) Returns whether anything came.
+    /// threads than CPUs a busy spin slowed the faulting vCPUs (figures with
+    /// and without the spin: docs/benchmarks.md). Returns whether anything came.
     fn spin(&mut self, link: &mut Link) -> Result<bool> {
         let Some(served) = self.last_served else { return Ok(false) };
         if self.refault >= SPIN_MAX {

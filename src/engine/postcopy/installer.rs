@@ -1,12 +1,12 @@
 //! The destination's installer thread: `UFFDIO_COPY` of the background
 //! pull's completed reads, so that the post-copy thread goes on posting
-//! reads meanwhile (on rxe both cost CPU: about 0.6 ms to post a 64 KiB
-//! read, 0.1–0.3 ms to install it; the two now run on two CPUs). Fault
+//! reads meanwhile (on rxe both cost CPU, posting a read more than installing
+//! it; the two now run on two CPUs). Fault
 //! reads are still installed by the post-copy thread itself (a faulting
 //! vCPU waits for that install, and a hand-over would add a wake-up), and
 //! so are background reads that complete while faults are recent: then a
 //! second busy thread would compete with the fault path for a CPU (on the
-//! 2-CPU rxe guest it made the fault p99 3 × worse).
+//! 2-CPU rxe guest it made the fault p99 worse: docs/benchmarks.md).
 //!
 //! One job per completed pull slot; the slot's staging memory belongs to
 //! the installer from the job until its result comes back. Results wake the

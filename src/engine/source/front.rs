@@ -7,9 +7,9 @@
 //! ranges, `save_bitmap` a copy of up to `GROUP` words of the bitmap (64 pages
 //! each; all-zero stretches skipped), whose runs the transfer thread finds.
 //! Copying the words costs the caller far less than finding the runs and
-//! writing 24 bytes per run into a buffer the transfer thread last read (a
-//! profile of `examples/save_path.rs` had over half the caller's time on those
-//! stores); finding runs is small next to the transfer thread's work per range.
+//! writing 24 bytes per run into a buffer the transfer thread last read (those
+//! stores dominated the caller's time in a profile of `examples/save_path.rs`);
+//! finding runs is small next to the transfer thread's work per range.
 //! Group buffers come back from the transfer thread through lock-free queues
 //! and are reused: once warm, a batch allocates nothing. At most `MAX_GROUPS`
 //! of each kind exist, which bounds the memory queued saves take; a caller

@@ -240,13 +240,9 @@ impl Engine {
     /// Chunks to collect before a request goes out while the link is busy:
     /// half a batch at first, then a full batch (a dense 256 MiB took two
     /// requests). A request's registration must take no longer than the
-    /// writes its predecessor allows, or the link waits. In one rxe boot (3
-    /// runs each), where the destination's registering of fresh memory
-    /// competes with the writes for the CPUs, 64 then 192 chunks ran at
-    /// 0.98-1.01 Gbit/s against 1.07-1.12 for 64 → 128 → 64; in another,
-    /// 128 → 128 at 1.10-1.13 against 1.11; in a third (2 runs each), a
-    /// smaller first request (8 or 16 chunks, doubling) no faster (1.07-1.11
-    /// against 1.09).
+    /// writes its predecessor allows, or the link waits; a smaller first
+    /// request does not start the writes sooner (the ramps measured:
+    /// docs/benchmarks.md).
     pub(super) fn register_ahead(&self) -> usize {
         let ramp = if self.requested { REGISTER_BATCH } else { FIRST_REQUEST };
         ramp.min(self.register_batch())

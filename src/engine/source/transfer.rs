@@ -41,8 +41,7 @@ const MERGE_SLOTS: usize = 4;
 const STAGING: u64 = 8 << 20;
 
 /// A contiguous range within one chunk: one write. (With pin-all a write
-/// could span chunks; 4 MiB writes measured 5-10 % slower than 1 MiB ones
-/// on rxe.)
+/// could span chunks; larger writes were slower on rxe: docs/benchmarks.md.)
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Piece {
     pub block: u32,
