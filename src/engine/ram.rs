@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::host::populated::Memory;
 pub use crate::host::populated::Run;
+use crate::host::GuestRange;
 use crate::wire::{BlockSpec, CHUNK_SHIFT, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 
@@ -24,6 +25,8 @@ pub struct RamBlock {
     pub length: u64,
     /// What is known of its memory (its backing file); shared by the registry's copies.
     memory: Arc<Memory>,
+    /// The block's memory, as the hypervisor promised it to `RamBlocks::add`.
+    guest: GuestRange,
 }
 
 impl RamBlock {
@@ -50,9 +53,9 @@ impl RamBlock {
         }
     }
 
-    /// Host pointer to `offset` bytes into the block. The caller checked the range.
-    pub fn host_ptr(&self, offset: u64) -> *mut u8 {
-        (self.host + offset as usize) as *mut u8
+    /// The block's `len` bytes at `offset` (the caller checked the range).
+    pub(crate) fn range(&self, offset: u64, len: u64) -> GuestRange {
+        self.guest.sub(offset, len)
     }
 
     /// The never-populated runs (which read as zero) and the others of
@@ -95,15 +98,22 @@ impl RamBlocks {
     /// `host..host + length` must stay mapped, readable and writable for as
     /// long as any connection using this registry exists.
     pub unsafe fn add(&mut self, name: &str, host: *mut u8, offset: u64, length: u64) -> Result<u32> {
+        // SAFETY: this function's contract is the range's.
+        self.add_range(name, unsafe { GuestRange::new(host, length) }, offset)
+    }
+
+    /// Adds a block over `guest` (checked as `add` says) and returns its index.
+    pub(crate) fn add_range(&mut self, name: &str, guest: GuestRange, offset: u64) -> Result<u32> {
+        let (host, length) = (guest.addr() as usize, guest.len());
         let invalid = |why: String| Err(Error::new(ErrorKind::InvalidArgument, why));
         // The name must fit the rdmamig extension's block entry.
         if let Err(e) = BlockSpec::new(name, length) {
             return invalid(format!("block name {name:?}: {e}"));
         }
-        if host.is_null() || length == 0 {
+        if host == 0 || length == 0 {
             return invalid(format!("block '{name}' needs a host address and a non-zero length"));
         }
-        if (host as usize).checked_add(length as usize).is_none() || offset.checked_add(length).is_none() {
+        if host.checked_add(length as usize).is_none() || offset.checked_add(length).is_none() {
             return invalid(format!("block '{name}' wraps around the address space"));
         }
         if self.blocks.iter().any(|b| b.name == name) {
@@ -112,13 +122,7 @@ impl RamBlocks {
         if self.blocks.len() >= u32::MAX as usize {
             return invalid("too many blocks".into());
         }
-        self.blocks.push(RamBlock {
-            name: name.to_owned(),
-            host: host as usize,
-            offset,
-            length,
-            memory: Arc::default(),
-        });
+        self.blocks.push(RamBlock { name: name.to_owned(), host, offset, length, memory: Arc::default(), guest });
         Ok(self.blocks.len() as u32 - 1)
     }
 
@@ -193,6 +197,7 @@ mod tests {
             offset: 0,
             length: 3 * CHUNK_SIZE / 2,
             memory: Arc::default(),
+            guest: crate::host::guest::leaked(3 * CHUNK_SIZE as usize / 2),
         };
         assert_eq!(b.chunk_count(), 2);
         assert_eq!(b.chunk_range(0), (0, CHUNK_SIZE));

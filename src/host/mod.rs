@@ -3,6 +3,7 @@
 //! pin would copy), page buffers, the memlock and cgroup limits, userfaultfd,
 //! eventfds and epoll. The engine above holds safe types only.
 
+pub(crate) mod guest;
 pub(crate) mod limits;
 pub(crate) mod page_buffer;
 pub(crate) mod pagemap;
@@ -13,4 +14,5 @@ pub(crate) mod uffd;
 pub(crate) mod wake;
 pub(crate) mod zero;
 
-pub(crate) use zero::is_zero;
+pub(crate) use guest::GuestRange;
+pub(crate) use page_buffer::RegisteredBuffer;

@@ -6,8 +6,8 @@
 //! source therefore pins only ranges whose pages it already has to itself,
 //! and sends the others through a registered staging buffer.
 
-use crate::host::is_zero;
 use crate::host::pagemap::{self, page_size, PM_EXCLUSIVE, PM_FILE_OR_SHARED_ANON, PM_PRESENT};
+use crate::host::zero::is_zero;
 
 /// Whether a page with this pagemap entry would be allocated or copied by a
 /// pin: not present (never touched, or swapped out), or present but neither

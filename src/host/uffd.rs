@@ -4,6 +4,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use super::GuestRange;
 use crate::{Error, ErrorKind, Result};
 
 const UFFD_API: u64 = 0xaa;
@@ -101,10 +102,11 @@ impl Userfault {
         self.fd.as_raw_fd()
     }
 
-    /// Registers `[start, start + len)` (page-aligned, mapped) in MISSING mode.
-    pub fn register(&self, start: usize, len: u64) -> Result<()> {
-        let mut arg =
-            RegisterArg { range: Range { start: start as u64, len }, mode: UFFDIO_REGISTER_MODE_MISSING, ioctls: 0 };
+    /// Registers `guest` (page-aligned) in MISSING mode: only guest RAM is
+    /// ever registered, so only guest RAM is ever written by `copy`.
+    pub fn register(&self, guest: &GuestRange) -> Result<()> {
+        let range = Range { start: guest.addr(), len: guest.len() };
+        let mut arg = RegisterArg { range, mode: UFFDIO_REGISTER_MODE_MISSING, ioctls: 0 };
         // SAFETY: a valid uffdio_register for this ioctl.
         if unsafe { libc::ioctl(self.fd(), UFFDIO_REGISTER as _, &mut arg) } != 0 {
             return Err(os_error("UFFDIO_REGISTER"));
@@ -132,17 +134,19 @@ impl Userfault {
         Ok(())
     }
 
-    /// Copies `len` bytes from `src` into the missing pages of `[dst, dst + len)`
-    /// and wakes the threads waiting on them. Pages already present are left
-    /// as they are (never overwritten: the kernel fails them with EEXIST).
-    ///
-    /// # Safety
-    /// `src..src + len` is readable; `dst` lies in a registered range.
-    pub unsafe fn copy(&self, dst: u64, src: *const u8, len: u64, page: u64) -> Result<Installed> {
+    /// Copies `len` bytes at address `src` into the missing pages of
+    /// `[dst, dst + len)` and wakes the threads waiting on them. Pages
+    /// already present are left as they are (never overwritten: the kernel
+    /// fails them with EEXIST).
+    pub fn copy(&self, dst: u64, src: u64, len: u64, page: u64) -> Result<Installed> {
         let (mut pos, mut installed, mut skipped) = (0u64, 0u64, false);
         while pos < len {
-            let mut arg = CopyArg { dst: dst + pos, src: src as u64 + pos, len: len - pos, mode: 0, copy: 0 };
-            if libc::ioctl(self.fd(), UFFDIO_COPY as _, &mut arg) == 0 {
+            let mut arg = CopyArg { dst: dst + pos, src: src + pos, len: len - pos, mode: 0, copy: 0 };
+            // SAFETY: a valid uffdio_copy for this ioctl. The kernel reads
+            // `src` as user memory (EFAULT if it is not), and writes only
+            // missing pages of ranges registered with this userfaultfd:
+            // guest RAM (`register`), which the library never borrows.
+            if unsafe { libc::ioctl(self.fd(), UFFDIO_COPY as _, &mut arg) } == 0 {
                 installed += (len - pos) / page;
                 break;
             }

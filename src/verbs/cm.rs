@@ -23,6 +23,13 @@ pub struct EventChannel {
 unsafe impl Send for EventChannel {}
 unsafe impl Sync for EventChannel {}
 
+impl std::os::fd::AsFd for EventChannel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the descriptor is the channel's, open while it lives.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd()) }
+    }
+}
+
 impl EventChannel {
     pub fn new() -> Result<Arc<EventChannel>> {
         // SAFETY: plain constructor.
@@ -37,6 +44,13 @@ impl EventChannel {
     pub fn fd(&self) -> RawFd {
         // SAFETY: the channel is alive; fd is immutable after creation.
         unsafe { (*self.raw.as_ptr()).fd }
+    }
+
+    /// Whether an event waits to be taken (a poll that does not wait).
+    pub fn has_event(&self) -> bool {
+        let mut fd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; no wait.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 }
     }
 
     pub fn raw(&self) -> *mut sys::rdma_event_channel {

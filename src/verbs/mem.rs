@@ -66,8 +66,11 @@ impl ProtectionDomain {
     ///
     /// # Safety
     /// The memory must stay mapped until the returned `MemoryRegion` is
-    /// dropped, and (with remote access) the caller accepts that the peer can
-    /// read/write it at any time while registered.
+    /// dropped. While it is registered the NIC reads it for the sends and
+    /// writes posted from it and writes it for the receives and READs posted
+    /// into it (and, with remote access, the peer reads or writes it at any
+    /// time): the caller accepts this, and holds no Rust reference to bytes
+    /// that a posted work request or the peer may be writing.
     pub unsafe fn register(self: &Arc<Self>, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
         let raw = sys::ibv_reg_mr(self.raw.as_ptr(), addr.cast(), len, access.0 as libc::c_int);
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_reg_mr"))?;
@@ -162,7 +165,14 @@ impl MemoryRegion {
     /// or `None` if that range is not inside it.
     pub fn sge(&self, offset: usize, len: u32) -> Option<Sge> {
         let end = offset.checked_add(len as usize)?;
-        (end <= self.len).then(|| Sge { addr: self.addr + offset as u64, len, lkey: self.lkey })
+        (end <= self.len).then(|| Sge::new(self.addr + offset as u64, len, self.lkey))
+    }
+
+    /// A scatter/gather entry for `len` bytes at address `addr`, or `None`
+    /// if that range is not inside this region.
+    pub fn sge_at(&self, addr: u64, len: u32) -> Option<Sge> {
+        let offset = addr.checked_sub(self.addr)?;
+        self.sge(usize::try_from(offset).ok()?, len)
     }
 
     pub fn raw(&self) -> *mut sys::ibv_mr {

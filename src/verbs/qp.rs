@@ -16,12 +16,40 @@ pub struct QpCaps {
 }
 
 /// One scatter/gather entry: `len` bytes at `addr` inside a registered MR
-/// with local key `lkey` (see [`MemoryRegion::sge`](super::MemoryRegion::sge)).
+/// with local key `lkey`. Only a [`MemoryRegion`](super::MemoryRegion) makes
+/// one ([`sge`](super::MemoryRegion::sge), [`sge_at`](super::MemoryRegion::sge_at)),
+/// for a range inside itself: so every entry names memory that was
+/// registered, whose pages the kernel keeps pinned while the key is valid,
+/// and the NIC refuses a key that is no longer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sge {
-    pub addr: u64,
-    pub len: u32,
-    pub lkey: u32,
+    addr: u64,
+    len: u32,
+    lkey: u32,
+}
+
+impl Sge {
+    /// An entry for `len` bytes at `addr` under `lkey`; the caller, a
+    /// memory region, checked that the range is its own.
+    pub(super) fn new(addr: u64, len: u32, lkey: u32) -> Sge {
+        Sge { addr, len, lkey }
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn raw(&self) -> sys::ibv_sge {
+        sys::ibv_sge { addr: self.addr, length: self.len, lkey: self.lkey }
+    }
 }
 
 /// An RC queue pair: made with `rdma_create_qp` on a [`CmId`] (which then
@@ -181,34 +209,34 @@ impl QueuePair {
         self.qp.as_ptr()
     }
 
-    /// Posts a SEND of `sge`.
-    ///
-    /// # Safety
-    /// The local buffer lies in a registered MR and stays valid (and, for
-    /// sends, unmodified) until the work request completes.
-    pub unsafe fn post_send(&self, wr_id: u64, sge: Sge, signaled: bool) -> Result<()> {
-        self.post_wr(wr_id, sys::IBV_WR_SEND, Some(sge), None, signaled)
+    /// Posts a SEND of `sge`. What it sends is what the entry's bytes hold
+    /// when the NIC reads them: leave them alone until the work request
+    /// completes.
+    pub fn post_send(&self, wr_id: u64, sge: Sge, signaled: bool) -> Result<()> {
+        // SAFETY: the entry lies in a registration (only a memory region
+        // makes an `Sge`): its pages are pinned while the key is valid, the
+        // NIC refuses a stale key, and whoever registered the memory
+        // accepted the NIC's accesses to it (`ProtectionDomain::register`).
+        unsafe { self.post_wr(wr_id, sys::IBV_WR_SEND, Some(sge), None, signaled) }
     }
 
-    /// Posts an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`.
-    ///
-    /// # Safety
-    /// As for [`post_send`](Self::post_send).
-    pub unsafe fn post_write(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
-        self.post_wr(wr_id, sys::IBV_WR_RDMA_WRITE, Some(sge), Some((remote_addr, rkey)), signaled)
+    /// Posts an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`
+    /// (the NIC reads the entry, as for [`post_send`](Self::post_send)).
+    pub fn post_write(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
+        // SAFETY: as in `post_send`.
+        unsafe { self.post_wr(wr_id, sys::IBV_WR_RDMA_WRITE, Some(sge), Some((remote_addr, rkey)), signaled) }
     }
 
     /// Posts an RDMA READ of `sge.len` bytes at `remote_addr` in the peer's
-    /// MR `rkey` (registered with remote read) into `sge`. The QP needs
-    /// initiator depth (rdma_cm's `initiator_depth` here, the peer's
+    /// MR `rkey` (registered with remote read) into `sge`, whose bytes the
+    /// NIC writes until the work request completes. The QP needs initiator
+    /// depth (rdma_cm's `initiator_depth` here, the peer's
     /// `responder_resources`): at most that many READs are in flight, the
     /// provider queues the rest.
-    ///
-    /// # Safety
-    /// The local buffer lies in a registered MR with LOCAL_WRITE and is
-    /// neither read nor written until the work request completes.
-    pub unsafe fn post_read(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
-        self.post_wr(wr_id, sys::IBV_WR_RDMA_READ, Some(sge), Some((remote_addr, rkey)), signaled)
+    pub fn post_read(&self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<()> {
+        // SAFETY: as in `post_send`; the registration's owner accepted that
+        // the NIC writes it (`ProtectionDomain::register`).
+        unsafe { self.post_wr(wr_id, sys::IBV_WR_RDMA_READ, Some(sge), Some((remote_addr, rkey)), signaled) }
     }
 
     /// Posts a zero-length RDMA WRITE: it touches no memory on either side
@@ -221,16 +249,16 @@ impl QueuePair {
         unsafe { self.post_wr(wr_id, sys::IBV_WR_RDMA_WRITE, None, Some((0, 0)), signaled) }
     }
 
-    /// Posts a receive buffer.
-    ///
-    /// # Safety
-    /// The buffer lies in a registered MR with LOCAL_WRITE and stays valid
-    /// until the work request completes (or is flushed).
-    pub unsafe fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<()> {
-        let mut sg = sys::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey };
+    /// Posts a receive buffer, which the NIC writes until the work request
+    /// completes (or is flushed).
+    pub fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<()> {
+        let mut sg = sge.raw();
         let mut wr = sys::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut sg, num_sge: 1 };
         let mut bad = ptr::null_mut();
-        let rc = sys::rmv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad);
+        // SAFETY: the QP is live; `wr` and `sg` outlive the call; the entry
+        // lies in a registration whose owner accepted that the NIC writes it
+        // (`ProtectionDomain::register`).
+        let rc = unsafe { sys::rmv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::from_ret("ibv_post_recv", rc));
         }
@@ -273,7 +301,7 @@ impl QueuePair {
         rdma: Option<(u64, u32)>,
         signaled: bool,
     ) -> Result<()> {
-        let mut sg = sge.map(|s| sys::ibv_sge { addr: s.addr, length: s.len, lkey: s.lkey });
+        let mut sg = sge.map(|s| s.raw());
         // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero ints).
         let mut wr: sys::ibv_send_wr = std::mem::zeroed();
         wr.wr_id = wr_id;
@@ -327,12 +355,9 @@ impl WriteList {
         self.bytes
     }
 
-    /// Adds an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`.
-    ///
-    /// # Safety
-    /// As for [`QueuePair::post_write`], from now until the write completes
-    /// after the [`QueuePair::post_writes`] that posts it.
-    pub unsafe fn push(&mut self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) {
+    /// Adds an RDMA WRITE of `sge` to `remote_addr` in the peer's MR `rkey`
+    /// (as [`QueuePair::post_write`], posted by [`QueuePair::post_writes`]).
+    pub fn push(&mut self, wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) {
         // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero ints).
         let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -341,7 +366,7 @@ impl WriteList {
         wr.send_flags = if signaled { sys::IBV_SEND_SIGNALED } else { 0 };
         wr.wr.rdma = sys::ibv_send_wr_rdma { remote_addr, rkey };
         self.wrs.push(wr);
-        self.sges.push(sys::ibv_sge { addr: sge.addr, length: sge.len, lkey: sge.lkey });
+        self.sges.push(sge.raw());
         self.bytes += u64::from(sge.len);
     }
 }

@@ -17,7 +17,7 @@ use crate::engine::postcopy::{self, plan::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{validate, Ending, Event};
-use crate::host::is_zero;
+use crate::host::GuestRange;
 use crate::wire::{
     BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,
     PostcopyRecovery, QpEndpoint, RegisterRequest, RegisterResult,
@@ -35,11 +35,8 @@ pub trait Registrar {
     /// this side unpin.
     fn check_budget(&self, len: u64) -> Result<()>;
 
-    /// Registers `len` bytes at `ptr` for the source's RDMA writes.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` stays mapped while the registration lives.
-    unsafe fn register_remote(&mut self, ptr: *mut u8, len: u64) -> Result<Self::Registration>;
+    /// Registers `guest` for the source's RDMA writes.
+    fn register_remote(&mut self, guest: &GuestRange) -> Result<Self::Registration>;
 
     /// The key the source writes into `registration` with.
     fn rkey(registration: &Self::Registration) -> u32;
@@ -397,8 +394,7 @@ impl<R: Registrar> Dispatcher<R> {
                 ),
             )
         })?;
-        // SAFETY: the hypervisor keeps registered blocks mapped for the connection's life.
-        let reg = unsafe { registrar.register_remote(block.host_ptr(start), len)? };
+        let reg = registrar.register_remote(&block.range(start, len))?;
         let rkey = R::rkey(&reg);
         Counters::add(&self.counters.chunks_registered, (last - first + 1) as u64);
         self.chunks[local].insert(first, last, reg);
@@ -472,13 +468,7 @@ fn zero_populated(block: &RamBlock, offset: u64, len: u64) {
         let mut at = r.start;
         while at < r.end {
             let end = (((block.host as u64 + at) / PAGE + 1) * PAGE - block.host as u64).min(r.end);
-            let ptr = block.host_ptr(at);
-            // SAFETY: the range lies inside a block the hypervisor keeps mapped (checked by the caller).
-            unsafe {
-                if !is_zero(ptr, (end - at) as usize) {
-                    std::ptr::write_bytes(ptr, 0, (end - at) as usize);
-                }
-            }
+            block.range(at, end - at).make_zero();
             at = end;
         }
     }
@@ -489,7 +479,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::host::page_buffer::PageBuffer;
+    use crate::host::guest::testing::{memfd, Mapping};
     use crate::wire::{decode_message, PostcopyBlock, CHUNK_SIZE, CONTROL_BUFFER_SIZE, MAX_REPEAT};
 
     const MIB: u64 = CHUNK_SIZE;
@@ -511,7 +501,7 @@ mod tests {
             Ok(())
         }
 
-        unsafe fn register_remote(&mut self, _ptr: *mut u8, _len: u64) -> Result<u32> {
+        fn register_remote(&mut self, _guest: &GuestRange) -> Result<u32> {
             if let Some(stop) = &self.abort {
                 stop.store(true, Ordering::Relaxed);
             }
@@ -530,54 +520,27 @@ mod tests {
         }
     }
 
-    /// One block "a" at RAM offset 16 MiB over `M`: 3 MiB of real memory,
-    /// or address space only ([`Reserved`]).
-    struct Fixture<M = PageBuffer> {
-        _mem: M,
+    /// One block "a" at RAM offset 16 MiB over a mapping: 3 MiB of real
+    /// memory, or address space only (`whole`: `Keys` never touches memory).
+    struct Fixture {
+        mem: Mapping,
         dispatcher: Dispatcher<Keys>,
         keys: Keys,
     }
 
-    /// Address space, none of it committed (MAP_NORESERVE) or touched: `Keys` never touches memory.
-    struct Reserved {
-        ptr: *mut u8,
-        len: usize,
-    }
-
-    impl Reserved {
-        fn new(len: u64) -> Reserved {
-            let len = len as usize;
-            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-            // SAFETY: a fresh mapping the kernel places; unmapped on drop.
-            let ptr =
-                unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
-            assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes: {}", std::io::Error::last_os_error());
-            Reserved { ptr: ptr.cast(), len }
-        }
-    }
-
-    impl Drop for Reserved {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made in `new`.
-            unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        }
-    }
-
-    impl Fixture<Reserved> {
+    impl Fixture {
         /// A block of `len` bytes of address space, registered whole: by
         /// pin-all, or by one REGISTER_REQUEST entry naming all its chunks.
-        fn whole(len: u64, pin_all: bool) -> Fixture<Reserved> {
-            let mem = Reserved::new(len);
+        fn whole(len: u64, pin_all: bool) -> Fixture {
+            let mem = Mapping::anonymous(len);
             let mut ram = RamBlocks::new();
-            // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
-            unsafe { ram.add("a", mem.ptr, 16 * MIB, len).unwrap() };
+            ram.add_range("a", mem.range(), 16 * MIB).unwrap();
             let negotiated = Negotiated { extensions: true, pin_all, authenticated: false, postcopy_recovery: false };
             let dispatcher = Dispatcher::new(ram, negotiated, Arc::new(Counters::new()), Arc::default());
-            let mut f = Fixture { _mem: mem, dispatcher, keys: Keys::default() };
+            let mut f = Fixture { mem, dispatcher, keys: Keys::default() };
             if pin_all {
                 assert!(matches!(f.send::<BlockSpec>(CommandType::RamBlocksRequest, &[]).unwrap(), Step::Blocks));
-                // SAFETY: `Keys` touches no memory.
-                let whole = unsafe { f.keys.register_remote(std::ptr::null_mut(), len).unwrap() };
+                let whole = f.keys.register_remote(&f.mem.range()).unwrap();
                 f.dispatcher.pinned_all(vec![whole]);
             } else {
                 f.register(0, len / MIB - 1);
@@ -604,18 +567,17 @@ mod tests {
 
         /// A 3 MiB block of 0xAA at `offset` in the RAM address space.
         fn at(offset: u64, extensions: bool, pin_all: bool) -> Fixture {
-            let mut mem = PageBuffer::new(3 * MIB as usize);
-            mem.bytes_mut().fill(0xAA);
+            let mem = Mapping::anonymous(3 * MIB);
+            mem.fill(0xAA);
             let mut ram = RamBlocks::new();
-            // SAFETY: `mem` outlives the dispatcher (same struct, never moved out).
-            unsafe { ram.add("a", mem.ptr(), offset, 3 * MIB).unwrap() };
+            ram.add_range("a", mem.range(), offset).unwrap();
             let negotiated = Negotiated { extensions, pin_all, authenticated: false, postcopy_recovery: false };
             let dispatcher = Dispatcher::new(ram, negotiated, Arc::new(Counters::new()), Arc::default());
-            Fixture { _mem: mem, dispatcher, keys: Keys::default() }
+            Fixture { mem, dispatcher, keys: Keys::default() }
         }
     }
 
-    impl<M> Fixture<M> {
+    impl Fixture {
         /// Sends one message built from `entries` through the wire codec.
         fn send<E: Entry>(&mut self, kind: CommandType, entries: &[E]) -> Result<Step> {
             let mut buf = vec![0u8; CONTROL_BUFFER_SIZE];
@@ -685,7 +647,7 @@ mod tests {
         let mut f = Fixture::new(true, true);
         assert!(matches!(f.send::<BlockSpec>(CommandType::RamBlocksRequest, &[]).unwrap(), Step::Blocks));
         // SAFETY: `Keys` touches no memory.
-        let whole = unsafe { f.keys.register_remote(std::ptr::null_mut(), 3 * MIB).unwrap() };
+        let whole = f.keys.register_remote(&f.mem.range()).unwrap();
         f.dispatcher.pinned_all(vec![whole]);
         let trips = |f: &Fixture| f.dispatcher.counters.snapshot().registration_round_trips;
         assert_eq!(trips(&f), 1, "the exchange that registered the block");
@@ -723,7 +685,7 @@ mod tests {
     fn each_entry_of_a_register_request_is_one_lookup() {
         const LEN: u64 = 8 << 30;
         let mut f = Fixture::whole(LEN, false);
-        let lookups = |f: &Fixture<Reserved>| f.dispatcher.chunks[0].lookups.get();
+        let lookups = |f: &Fixture| f.dispatcher.chunks[0].lookups.get();
         let before = lookups(&f);
         let requests = to_the_end(LEN / MIB);
         assert!(matches!(f.send(CommandType::RegisterRequest, &requests).unwrap(), Step::Answer(_)));
@@ -837,44 +799,26 @@ mod tests {
         let mut f = Fixture::at(base, false, false);
         let z = |offset, length| Compress { value: 0, block_index: 0, offset, length };
         f.send(CommandType::Compress, &[z(base + MIB, MIB)]).unwrap();
-        assert!(f._mem.bytes_mut()[MIB as usize..2 * MIB as usize].iter().all(|&b| b == 0), "chunk 1 zeroed");
-        assert!(f._mem.bytes_mut()[..MIB as usize].iter().all(|&b| b == 0xAA), "chunk 0 untouched");
+        assert!(f.mem.bytes(MIB, 2 * MIB).iter().all(|&b| b == 0), "chunk 1 zeroed");
+        assert!(f.mem.bytes(0, MIB).iter().all(|&b| b == 0xAA), "chunk 0 untouched");
         refused(f.send(CommandType::Compress, &[z(base + MIB / 2, MIB)]), &["not inside one 1 MiB chunk"]);
     }
 
     /// A zero range over a shared memfd: data pages zeroed, holes left holes (nothing allocated).
     #[test]
     fn zeroing_leaves_never_populated_pages_alone() {
-        use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+        use std::os::fd::AsFd;
         use std::os::unix::fs::{FileExt, MetadataExt};
         const PAGE: u64 = 4096;
         let pages = 32u64;
-        // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned by the File.
-        let file = unsafe {
-            let fd = libc::memfd_create(c"zero-test".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0);
-            std::fs::File::from_raw_fd(fd)
-        };
+        let file = memfd("zero-test");
         file.set_len(pages * PAGE).unwrap();
         for p in [1u64, 2, 9] {
             file.write_all_at(&[7; 64], p * PAGE + 100).unwrap();
         }
-        // SAFETY: a shared mapping of the memfd, unmapped below.
-        let host = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                (pages * PAGE) as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            p as *mut u8
-        };
+        let mem = Mapping::shared(file.as_fd(), pages * PAGE);
         let mut ram = RamBlocks::new();
-        // SAFETY: the mapping outlives the registry here.
-        unsafe { ram.add("shm", host, 0, pages * PAGE).unwrap() };
+        ram.add_range("shm", mem.range(), 0).unwrap();
         ram.set_backing(0, file.as_fd(), 0).unwrap();
         let allocated = file.metadata().unwrap().blocks();
         zero_populated(&ram.blocks()[0], 0, pages * PAGE);
@@ -884,11 +828,8 @@ mod tests {
         assert!(all.iter().all(|&b| b == 0), "the data pages were not zeroed");
         // Without the backing file (unknown: every page read) the holes get allocated: what the test guards against.
         let mut unknown = RamBlocks::new();
-        // SAFETY: as above.
-        unsafe { unknown.add("shm", host, 0, pages * PAGE).unwrap() };
+        unknown.add_range("shm", mem.range(), 0).unwrap();
         zero_populated(&unknown.blocks()[0], 0, pages * PAGE);
         assert!(file.metadata().unwrap().blocks() > allocated);
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(host.cast(), (pages * PAGE) as usize) };
     }
 }

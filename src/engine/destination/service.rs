@@ -16,6 +16,7 @@ use crate::engine::postcopy::{self, PostcopyPhase, Recovery};
 use crate::engine::ram::RamBlocks;
 use crate::engine::{Config, Ending};
 use crate::host::pagemap;
+use crate::host::GuestRange;
 use crate::logging;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{CommandType, PostcopyRecovery};
@@ -48,15 +49,14 @@ impl Registrar for Pins {
         }
     }
 
-    unsafe fn register_remote(&mut self, ptr: *mut u8, len: u64) -> Result<MemoryRegion> {
-        self.settle_for(len);
-        // SAFETY (both): as this function's contract.
-        match unsafe { self.register(ptr, len, written_by_source()) } {
+    fn register_remote(&mut self, guest: &GuestRange) -> Result<MemoryRegion> {
+        self.settle_for(guest.len());
+        match self.register_guest(guest, written_by_source()) {
             Err(e) if e.kind == ErrorKind::PinBudget => {
                 // Nothing here can be unpinned; what the worker still holds can.
                 self.retried();
                 self.settle();
-                unsafe { self.register(ptr, len, written_by_source()) }
+                self.register_guest(guest, written_by_source())
             }
             r => r,
         }

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use crate::engine::auth::Session;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
+use crate::host::RegisteredBuffer;
 use crate::verbs::{
-    Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
-    Sge, VerbsError, WorkCompletion, WriteList,
+    Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ProtectionDomain, QpCaps, QueuePair, Sge,
+    VerbsError, WorkCompletion, WriteList,
 };
 use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE, CONTROL_TAG_LEN};
 use crate::{Error, ErrorKind, Result};
@@ -82,36 +83,6 @@ fn encode_error(e: EncodeError) -> Error {
     Error::new(ErrorKind::InvalidArgument, format!("cannot encode control message: {e}"))
 }
 
-/// A control buffer's memory, page-aligned: with rdma-core's fork support on
-/// (`ibv_fork_init`), registrations must cover whole pages.
-#[repr(C, align(4096))]
-struct ControlMemory([u8; CONTROL_BUFFER_SIZE]);
-
-/// A registered buffer of the control channel. `mr` is declared first so it is
-/// deregistered before the memory is freed.
-struct ControlBuffer {
-    mr: MemoryRegion,
-    mem: Box<ControlMemory>,
-}
-
-impl ControlBuffer {
-    fn new(pd: &Arc<ProtectionDomain>) -> Result<Self> {
-        let mut mem = Box::<ControlMemory>::new_uninit();
-        // SAFETY: zeroed bytes are a valid byte array (allocated on the heap: too big for a stack).
-        let mut mem = unsafe {
-            mem.as_mut_ptr().write_bytes(0, 1);
-            mem.assume_init()
-        };
-        // SAFETY: `mem` lives in the same struct and outlives `mr` (field order).
-        let mr = unsafe { pd.register(mem.0.as_mut_ptr(), CONTROL_BUFFER_SIZE, Access::LOCAL_WRITE)? };
-        Ok(ControlBuffer { mr, mem })
-    }
-
-    fn sge(&self, len: usize) -> Sge {
-        Sge { addr: self.mem.0.as_ptr() as u64, len: len as u32, lkey: self.mr.lkey() }
-    }
-}
-
 pub(crate) struct Link {
     pub negotiated: Negotiated,
     /// The pin budget an rdmamig destination announced (source side).
@@ -129,8 +100,10 @@ pub(crate) struct Link {
     cq: Arc<CompletionQueue>,
     pub pd: Arc<ProtectionDomain>,
     id: Arc<CmId>,
-    recv: [ControlBuffer; 2],
-    send: ControlBuffer,
+    /// The control channel's buffers (each page-aligned: with rdma-core's
+    /// fork support on, registrations must cover whole pages).
+    recv: [RegisteredBuffer; 2],
+    send: RegisteredBuffer,
     /// Byte length of a message that arrived in each slot and is not yet taken.
     received: [Option<u32>; 2],
     /// Whether each slot has a RECV posted.
@@ -205,8 +178,9 @@ impl Link {
         let caps =
             QpCaps { max_send_wr: SEND_QUEUE_DEPTH, max_recv_wr: RECV_QUEUE_DEPTH, max_send_sge: 1, max_recv_sge: 1 };
         let qp = QueuePair::new(&id, &pd, &cq, &cq, caps)?;
-        let recv = [ControlBuffer::new(&pd)?, ControlBuffer::new(&pd)?];
-        let send = ControlBuffer::new(&pd)?;
+        let control = || RegisteredBuffer::new(&pd, CONTROL_BUFFER_SIZE, Access::LOCAL_WRITE);
+        let recv = [control()?, control()?];
+        let send = control()?;
         Ok(Link {
             negotiated,
             peer_pin_budget: None,
@@ -245,10 +219,8 @@ impl Link {
 
     fn post_recv(&mut self, slot: usize) -> Result<()> {
         debug_assert!(!self.posted[slot] && self.received[slot].is_none());
-        let sge = self.recv[slot].sge(CONTROL_BUFFER_SIZE);
-        // SAFETY: the buffer is registered and owned by `self`, which outlives the QP's use of it
-        // (the QP is destroyed when `self` drops).
-        unsafe { self.qp.post_recv(WRID_RECV[slot], sge)? };
+        // The slot's bytes are read only once this receive completed (`take`).
+        self.qp.post_recv(WRID_RECV[slot], self.recv[slot].sge(0, CONTROL_BUFFER_SIZE))?;
         self.posted[slot] = true;
         Ok(())
     }
@@ -459,20 +431,20 @@ impl Link {
         self.wait_until("a control SEND to complete", deadline, |l| l.send_done)?;
         // A tagged message leaves room for its tag.
         let room = CONTROL_BUFFER_SIZE - if self.seal.is_some() { CONTROL_TAG_LEN } else { 0 };
-        let mut writer = MessageWriter::new(&mut self.send.mem.0[..room], kind);
+        let mut writer = MessageWriter::new(&mut self.send.bytes_mut()[..room], kind);
         build(&mut writer).map_err(encode_error)?;
         let mut len = writer.finish();
         if let Some(seal) = &mut self.seal {
-            let tag = seal.tag(&self.send.mem.0[..len]);
-            self.send.mem.0[len..len + CONTROL_TAG_LEN].copy_from_slice(&tag);
+            let tag = seal.tag(&self.send.bytes()[..len]);
+            self.send.bytes_mut()[len..len + CONTROL_TAG_LEN].copy_from_slice(&tag);
             len += CONTROL_TAG_LEN;
         }
-        let sge = self.send.sge(len);
+        let sge = self.send.sge(0, len);
         self.send_done = false;
         self.flush_writes()?;
         self.send_fence = self.writes_posted;
-        // SAFETY: the send buffer is registered and not written again until the send completes (above).
-        unsafe { self.qp.post_send(WRID_SEND_CONTROL, sge, true)? };
+        // The send buffer is not written again until this send completes (above).
+        self.qp.post_send(WRID_SEND_CONTROL, sge, true)?;
         Counters::add(&self.counters.control_messages, 1);
         Ok(())
     }
@@ -492,7 +464,7 @@ impl Link {
         self.wait_until("a control message from the peer", deadline, |l| l.received[slot].is_some())?;
         let len = self.received[slot].take().unwrap_or(0) as usize;
         let mut bytes =
-            self.recv[slot].mem.0.get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
+            self.recv[slot].bytes().get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
         if let Some(seal) = &mut self.seal {
             bytes = seal.open(bytes)?;
         }
@@ -708,14 +680,10 @@ impl Link {
     /// Gathered with others into one `ibv_post_send` of up to
     /// `WRITE_LIST_WRS` writes or `WRITE_LIST_BYTES`; the rest are posted by
     /// the next wait, control message or [`flush_writes`](Self::flush_writes).
-    ///
-    /// # Safety
-    /// `sge` lies in a registered local MR whose memory stays valid until the
-    /// write completes, and `remote_addr..+len` lies in the peer's MR of `rkey`.
-    pub unsafe fn post_write(&mut self, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<u64> {
+    /// `remote_addr..+len` lies in the peer's MR of `rkey`.
+    pub fn post_write(&mut self, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<u64> {
         let seq = self.writes_posted + 1;
-        // SAFETY: as this function's contract.
-        unsafe { self.writes.push(WRID_WRITE | seq, sge, remote_addr, rkey, signaled) };
+        self.writes.push(WRID_WRITE | seq, sge, remote_addr, rkey, signaled);
         self.writes_posted = seq;
         if self.writes.len() >= WRITE_LIST_WRS || self.writes.bytes() >= WRITE_LIST_BYTES {
             self.flush_writes()?;
@@ -733,12 +701,9 @@ impl Link {
     /// Posts a signalled RDMA READ (post-copy); its completion shows up in
     /// [`take_reads`](Self::take_reads) as `tag` (below bit 62). A `fault`
     /// read goes on the fault QP when there is one (see `fault_qp`).
-    ///
-    /// # Safety
-    /// `sge` lies in a registered local MR with LOCAL_WRITE whose memory stays
-    /// valid and untouched until the read completes, and
-    /// `remote_addr..+len` lies in the peer's MR of `rkey` (remote read).
-    pub unsafe fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32, fault: bool) -> Result<()> {
+    /// `remote_addr..+len` lies in the peer's MR of `rkey` (remote read);
+    /// the caller reads `sge`'s bytes once the READ completed.
+    pub fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32, fault: bool) -> Result<()> {
         debug_assert!(tag & (WRID_WRITE | WRID_READ) == 0);
         self.flush_writes()?;
         let qp = if fault { self.fault_qp.as_ref().unwrap_or(&self.qp) } else { &self.qp };
@@ -748,13 +713,9 @@ impl Link {
 
     /// One RDMA READ on the connection's QP, waited for (within the
     /// timeout): for a caller with no other read in flight.
-    ///
-    /// # Safety
-    /// As [`post_read`](Self::post_read).
-    pub unsafe fn read(&mut self, sge: Sge, remote_addr: u64, rkey: u32) -> Result<()> {
+    pub fn read(&mut self, sge: Sge, remote_addr: u64, rkey: u32) -> Result<()> {
         debug_assert!(self.reads_done.is_empty());
-        // SAFETY: as this function's contract.
-        unsafe { self.post_read(0, sge, remote_addr, rkey, false)? };
+        self.post_read(0, sge, remote_addr, rkey, false)?;
         let deadline = self.deadline();
         self.wait_until("an RDMA READ to complete", deadline, |l| !l.reads_done.is_empty())?;
         self.reads_done.clear();

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -892,8 +892,7 @@ impl Listener {
     /// loop polls it, then accepts with `Duration::ZERO`. It belongs to the
     /// listener (its rdma_cm event channel): do not read or close it.
     pub fn event_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the channel lives as long as the listener that lends it.
-        unsafe { BorrowedFd::borrow_raw(self.channel.fd()) }
+        self.channel.as_fd()
     }
 
     /// The next connection event, waiting at most `timeout` (`None`: for
@@ -960,9 +959,7 @@ impl Listener {
 
     /// Whether a connection request (or another event) waits to be taken.
     pub fn has_request(&self) -> bool {
-        let mut fd = libc::pollfd { fd: self.channel.fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd; no wait.
-        unsafe { libc::poll(&mut fd, 1, 0) == 1 }
+        self.channel.has_event()
     }
 
     /// The port actually bound (useful after binding port 0).

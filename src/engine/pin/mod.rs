@@ -20,7 +20,7 @@ use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
 use crate::host::limits;
-use crate::host::page_buffer::PageBuffer;
+use crate::host::{GuestRange, RegisteredBuffer};
 use crate::logging;
 use crate::verbs::{self, Access, ForkMode, MemoryRegion, ProtectionDomain, VerbsError};
 use crate::wire::CONTROL_BUFFER_SIZE;
@@ -169,17 +169,29 @@ impl Pins {
         }
     }
 
-    /// Registers `len` bytes at `addr`, counted as pinned. A refusal by the
-    /// kernel (ENOMEM, EPERM: memlock limit) is a `PinBudget` error, which
-    /// callers answer by unpinning what they can, `settle`, and one retry
-    /// (counted with `retried`).
-    ///
-    /// # Safety
-    /// As [`ProtectionDomain::register`]: the memory stays mapped while registered.
-    pub unsafe fn register(&self, addr: *mut u8, len: u64, access: Access) -> Result<MemoryRegion> {
-        let mr = self.pd.register(addr, len as usize, access).map_err(|e| refusal(e, len, self.pinned()))?;
+    /// Registers guest memory, counted as pinned. A refusal by the kernel
+    /// (ENOMEM, EPERM: memlock limit) is a `PinBudget` error, which callers
+    /// answer by unpinning what they can, `settle`, and one retry (counted
+    /// with `retried`).
+    pub fn register_guest(&self, guest: &GuestRange, access: Access) -> Result<MemoryRegion> {
+        let len = guest.len();
+        let mr = guest.register(&self.pd, access).map_err(|e| refusal(e, len, self.pinned()))?;
         self.counters.pin(len);
         Ok(mr)
+    }
+
+    /// A buffer of `len` bytes of the library's own, registered and counted
+    /// as pinned (refused as `register_guest`); give it back with
+    /// `release_buffer`.
+    pub fn register_buffer(&self, len: usize, access: Access) -> Result<RegisteredBuffer> {
+        let buf = RegisteredBuffer::new(&self.pd, len, access).map_err(|e| refusal(e, len as u64, self.pinned()))?;
+        self.counters.pin(buf.len() as u64);
+        Ok(buf)
+    }
+
+    /// Deregisters a buffer of `register_buffer` here and now, then frees it.
+    pub fn release_buffer(&self, buf: RegisteredBuffer) {
+        self.counters.unpin(buf.release() as u64);
     }
 
     /// Counts a registration retried after the kernel refused it.
@@ -251,45 +263,37 @@ impl Pins {
 /// staging and tables), registered within the pin budget; deregistered,
 /// then freed, when dropped.
 pub(crate) struct PinnedBuffer<'a> {
-    mr: Option<MemoryRegion>,
-    mem: PageBuffer,
+    buf: Option<RegisteredBuffer>,
     pins: &'a Pins,
 }
 
 impl<'a> PinnedBuffer<'a> {
     /// `len` bytes (`what`, for the error), zeroed, registered for local write.
     pub fn new(pins: &'a Pins, len: usize, what: &str) -> Result<PinnedBuffer<'a>> {
-        let mem = PageBuffer::new(len);
-        pins.reserve(mem.len() as u64, what)?;
-        // SAFETY: `mem` is freed only after the registration is dropped (`Drop`).
-        let mr = unsafe { pins.register(mem.ptr(), mem.len() as u64, Access::LOCAL_WRITE)? };
-        Ok(PinnedBuffer { mr: Some(mr), mem, pins })
+        pins.reserve(len.next_multiple_of(4096) as u64, what)?;
+        Ok(PinnedBuffer { buf: Some(pins.register_buffer(len, Access::LOCAL_WRITE)?), pins })
     }
+}
 
-    pub fn mr(&self) -> &MemoryRegion {
-        self.mr.as_ref().expect("registered until dropped")
+impl std::ops::Deref for PinnedBuffer<'_> {
+    type Target = RegisteredBuffer;
+    fn deref(&self) -> &RegisteredBuffer {
+        self.buf.as_ref().expect("registered until dropped")
     }
+}
 
-    /// The bytes, while no READ into them is in flight.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        self.mem.bytes_mut()
-    }
-
-    pub fn ptr(&self) -> *mut u8 {
-        self.mem.ptr()
-    }
-
-    pub fn len(&self) -> usize {
-        self.mem.len()
+impl std::ops::DerefMut for PinnedBuffer<'_> {
+    fn deref_mut(&mut self) -> &mut RegisteredBuffer {
+        self.buf.as_mut().expect("registered until dropped")
     }
 }
 
 impl Drop for PinnedBuffer<'_> {
     /// Deregistered here and now (a READ still in flight then fails rather
-    /// than land in freed memory); `mem` is freed after this body.
+    /// than land in freed memory), then freed.
     fn drop(&mut self) {
-        if let Some(mr) = self.mr.take() {
-            self.pins.release_here(mr);
+        if let Some(buf) = self.buf.take() {
+            self.pins.release_buffer(buf);
         }
     }
 }

@@ -63,9 +63,7 @@ impl PinAll {
                     if cancelled.load(Ordering::Relaxed) {
                         break; // the result is dropped unread
                     }
-                    // SAFETY: the hypervisor keeps registered blocks mapped for the
-                    // connection's life, which `PinAll::drop` (joining this thread) ends.
-                    match unsafe { pd.register(b.host_ptr(0), b.length as usize, access) } {
+                    match b.range(0, b.length).register(&pd, access) {
                         Ok(mr) => {
                             counting.pin(b.length);
                             mrs.push(mr);

@@ -25,8 +25,10 @@ use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::{protocol_error, Link};
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
+use crate::host::pagemap::page_size;
 use crate::host::uffd::{Installed, Userfault};
 use crate::host::wake::{self, EventFd};
+use crate::host::GuestRange;
 use crate::logging;
 use crate::verbs::Sge;
 use crate::wire::{CommandType, PostcopySummary, QpEndpoint, POSTCOPY_PAGE_SIZE};
@@ -89,13 +91,12 @@ impl<'a> Staging<'a> {
     }
 
     fn sge(&self, at: u64, len: u64) -> Sge {
-        self.0.mr().sge(at as usize, len as u32).expect("inside the staging buffer")
+        self.0.sge(at as usize, len as usize)
     }
 
-    fn ptr(&self, at: u64) -> *const u8 {
-        debug_assert!((at as usize) < self.0.len());
-        // SAFETY: callers pass offsets of slots inside the buffer.
-        unsafe { self.0.ptr().add(at as usize) }
+    /// The address of staging offset `at`, for UFFDIO_COPY to read.
+    fn addr(&self, at: u64) -> u64 {
+        self.0.addr(at as usize)
     }
 }
 
@@ -144,33 +145,19 @@ struct Puller<'a> {
     pending: Vec<Fetch>,
 }
 
-/// Drops the stale pages at `[addr, addr + len)` (inside a block, which the
-/// registry keeps mapped; the guest does not run yet, and the source
-/// rewrites these pages), so that the next touch faults: shared memory
-/// (memfd, shmem) has its file's pages punched out (`MADV_REMOVE`: merely
-/// unmapping them would map the old page back on the next touch, without a
-/// fault); private anonymous memory, where that fails with EINVAL, has them
-/// unmapped (`MADV_DONTNEED`). hugetlbfs fails on 4 KiB runs: refused.
-fn discard(addr: usize, len: usize) -> Result<()> {
-    // SAFETY: see above; only these pages' contents go.
-    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_REMOVE) } == 0 {
-        return Ok(());
-    }
-    let remove = std::io::Error::last_os_error();
-    // SAFETY: as above.
-    if remove.raw_os_error() == Some(libc::EINVAL)
-        && unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } == 0
-    {
-        return Ok(());
-    }
-    let dontneed = std::io::Error::last_os_error();
-    Err(Error::new(
-        ErrorKind::InvalidArgument,
-        format!(
-            "post-copy cannot drop stale guest pages (needs private anonymous or shared 4 KiB-page memory, not \
-             mlocked, not hugetlbfs): madvise(MADV_REMOVE): {remove}, madvise(MADV_DONTNEED): {dontneed}"
-        ),
-    ))
+/// Drops the stale pages of `guest` (inside a block; the guest does not run
+/// yet, and the source rewrites these pages), so that the next touch faults
+/// (`GuestRange::discard`). hugetlbfs fails on 4 KiB runs: refused.
+fn discard(guest: GuestRange) -> Result<()> {
+    guest.discard().map_err(|(remove, dontneed)| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "post-copy cannot drop stale guest pages (needs private anonymous or shared 4 KiB-page memory, not \
+                 mlocked, not hugetlbfs): madvise(MADV_REMOVE): {remove}, madvise(MADV_DONTNEED): {dontneed}"
+            ),
+        )
+    })
 }
 
 /// The userfaultfd of a post-copy and the blocks it covers. Dropped before
@@ -178,7 +165,7 @@ fn discard(addr: usize, len: usize) -> Result<()> {
 /// releases the threads blocked on missing pages: see the `Drop` impl.
 pub(crate) struct Blocked {
     uffd: Option<Userfault>,
-    spans: Vec<(usize, u64)>,
+    spans: Vec<GuestRange>,
 }
 
 impl Blocked {
@@ -202,19 +189,17 @@ impl Drop for Blocked {
     /// page would block rather than read as zero.
     fn drop(&mut self) {
         let Some(uffd) = self.uffd.take() else { return };
-        for &(host, len) in &self.spans {
-            // SAFETY: a guest RAM block the registry keeps mapped; only its
-            // protection changes (the library never touches it again).
-            if unsafe { libc::mprotect(host as *mut _, len as usize, libc::PROT_NONE) } != 0 {
+        for span in &self.spans {
+            // Only the block's protection changes (the library never touches it again).
+            if let Err(e) = span.protect_none() {
                 // Woken, its threads would only fault and block again.
-                let e = std::io::Error::last_os_error();
                 logging::error(format_args!(
                     "destination: post-copy failure: mprotect(PROT_NONE) of a block: {e}: threads blocked on it \
                      stay blocked"
                 ));
                 continue;
             }
-            if let Err(e) = uffd.wake(host as u64, len) {
+            if let Err(e) = uffd.wake(span.addr(), span.len()) {
                 logging::error(format_args!("destination: post-copy failure: waking blocked threads: {e}"));
             }
         }
@@ -245,22 +230,21 @@ pub(crate) fn run(
     blocked: &mut Option<Blocked>,
     recovery: Option<Recovery>,
 ) -> Result<PostcopySummary> {
-    // SAFETY: sysconf has no preconditions.
-    let host_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if host_page as u64 != PAGE {
+    let host_page = page_size();
+    if host_page != PAGE {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
     }
     read_tables(link, pins, &mut blocks)?;
-    let spans = blocks.iter().map(|b| (b.host, b.length)).collect();
+    let spans = blocks.iter().map(|b| b.guest).collect();
     let uffd = blocked.insert(Blocked { uffd: Some(Userfault::new()?), spans }).uffd.as_ref().expect("just opened");
     let total: u64 = blocks.iter().map(|b| b.source.stale_pages).sum();
     for b in &blocks {
-        uffd.register(b.host, b.length)?;
+        uffd.register(&b.guest)?;
         let pages = b.length / PAGE;
         let mut i = 0;
         while let Some(first) = next_set(&b.stale, i, pages) {
             let end = next_clear(&b.stale, first, pages);
-            discard(b.host + (first * PAGE) as usize, ((end - first) * PAGE) as usize)?;
+            discard(b.guest.sub(first * PAGE, (end - first) * PAGE))?;
             i = end;
         }
     }
@@ -574,9 +558,9 @@ impl Puller<'_> {
             let b = &self.blocks[block];
             let sge = self.staging.sge(self.staging.fault_slot(j), PAGE);
             let (remote, rkey, _) = b.remote(page);
-            // SAFETY: the slot is free (nothing reads or writes it until the
+            // The slot is free (nothing reads or writes it until the
             // completion); the page lies in a region the source registered.
-            unsafe { link.post_read(FAULT_TAG + j as u64, sge, remote, rkey, true)? };
+            link.post_read(FAULT_TAG + j as u64, sge, remote, rkey, true)?;
             self.faults[j] = Some((block, page));
         }
         Ok(())
@@ -610,8 +594,8 @@ impl Puller<'_> {
             let b = &self.blocks[pull.block];
             let sge = self.staging.sge(self.staging.pull_slot(i), pull.pages * PAGE);
             let (remote, rkey, _) = b.remote(pull.first);
-            // SAFETY: as in `post_faults` (`pull_in` keeps a read inside one region).
-            unsafe { link.post_read(i as u64, sge, remote, rkey, false)? };
+            // As in `post_faults` (`pull_in` keeps a read inside one region).
+            link.post_read(i as u64, sge, remote, rkey, false)?;
             self.pulls[i] = Some(pull);
             self.last_pull = Some(Instant::now());
             if held {
@@ -741,7 +725,7 @@ impl Puller<'_> {
         let host = self.blocks[block].host as u64;
         let runs = runs
             .into_iter()
-            .map(|(first, n)| (host + first * PAGE, self.staging.ptr(base + (first - pulled) * PAGE), n * PAGE))
+            .map(|(first, n)| (host + first * PAGE, self.staging.addr(base + (first - pulled) * PAGE), n * PAGE))
             .collect();
         self.installing[i] = true;
         self.installer
@@ -759,8 +743,8 @@ impl Puller<'_> {
     /// present are skipped. Either way they are no longer stale.
     fn install(&mut self, block: usize, first: u64, n: u64, at: u64) -> Result<()> {
         let dst = self.blocks[block].host as u64 + first * PAGE;
-        // SAFETY: the slot holds the completed read; `dst` lies in a registered block.
-        let got = unsafe { self.uffd.copy(dst, self.staging.ptr(at), n * PAGE, PAGE)? };
+        // The slot holds the completed read; `dst` lies in a registered block.
+        let got = self.uffd.copy(dst, self.staging.addr(at), n * PAGE, PAGE)?;
         if let Installed::Some { installed } = got {
             self.progress.pages_skipped.fetch_add(n - installed, Ordering::Relaxed);
         }

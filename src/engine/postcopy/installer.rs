@@ -19,17 +19,15 @@ use crate::host::wake::EventFd;
 use crate::Result;
 
 /// Pages to install from a pull slot: runs of (destination address,
-/// staging address, bytes).
+/// staging address, bytes). The staging addresses point into the post-copy
+/// thread's staging buffer, whose slot `slot` nobody reads or writes until
+/// this job's result is back (the post-copy thread only reuses a slot after
+/// that), and which outlives the installer (joined first:
+/// `std::thread::scope`).
 pub(super) struct Job {
     pub slot: usize,
-    pub runs: Vec<(u64, *const u8, u64)>,
+    pub runs: Vec<(u64, u64, u64)>,
 }
-
-// SAFETY: the staging addresses point into the post-copy thread's staging
-// buffer, whose slot `slot` nobody reads or writes until this job's result
-// is back (the post-copy thread only reuses a slot after that), and which
-// outlives the installer (joined first: `std::thread::scope`).
-unsafe impl Send for Job {}
 
 /// A job's outcome: its slot, and the pages found present (not installed).
 pub(super) struct Done {
@@ -42,8 +40,7 @@ pub(super) fn run(uffd: &Userfault, page: u64, jobs: Receiver<Job>, done: Sender
     for job in jobs {
         let mut skipped = Ok(0);
         for &(dst, src, len) in &job.runs {
-            // SAFETY: see `Job`; `dst` lies in a block registered with `uffd`.
-            match unsafe { uffd.copy(dst, src, len, page) } {
+            match uffd.copy(dst, src, len, page) {
                 Ok(Installed::All) => {}
                 Ok(Installed::Some { installed }) => {
                     skipped = skipped.map(|n| n + len / page - installed);

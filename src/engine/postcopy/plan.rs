@@ -10,6 +10,7 @@ use crate::engine::link::Link;
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::ram::RamBlocks;
 use crate::engine::validate;
+use crate::host::GuestRange;
 use crate::wire::{
     postcopy_table, postcopy_table_len, Message, PostcopyBlock, PostcopyRegion, POSTCOPY_MAX_REGIONS,
     POSTCOPY_PAGE_SIZE,
@@ -25,6 +26,8 @@ const TABLE_READ: u64 = 256 << 10;
 pub struct PlanBlock {
     pub host: usize,
     pub length: u64,
+    /// The block's memory here.
+    pub(crate) guest: GuestRange,
     /// The source's entry: where to read the block's table.
     pub source: PostcopyBlock,
     /// Stale pages not installed yet (bit per page), once read (`read_tables`).
@@ -99,7 +102,8 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
         }
         if b.stale_pages > 0 {
             let (stale, regions) = (Vec::new(), Vec::new());
-            plan.push(PlanBlock { host: block.host, length: block.length, source: b, stale, regions });
+            let guest = block.range(0, block.length);
+            plan.push(PlanBlock { host: block.host, length: block.length, guest, source: b, stale, regions });
         }
     }
     Ok(plan)
@@ -115,10 +119,10 @@ pub(super) fn read_tables(link: &mut Link, pins: &Pins, blocks: &mut [PlanBlock]
     for b in blocks.iter() {
         for from in (0..len(b)).step_by(TABLE_READ as usize) {
             let n = (len(b) - from).min(TABLE_READ);
-            let sge = buf.mr().sge((at + from) as usize, n as u32).expect("inside the buffer");
-            // SAFETY: nothing else uses `buf` until the read completes;
-            // `plan` checked that the source's range does not wrap.
-            unsafe { link.read(sge, b.source.table_addr + from, b.source.table_rkey)? };
+            let sge = buf.sge((at + from) as usize, n as usize);
+            // Nothing else uses `buf` until the read completes; `plan`
+            // checked that the source's range does not wrap.
+            link.read(sge, b.source.table_addr + from, b.source.table_rkey)?;
         }
         at += len(b);
     }

@@ -12,7 +12,7 @@ use crate::engine::pin::Pins;
 use crate::engine::postcopy;
 use crate::engine::ram::RamBlocks;
 use crate::engine::Config;
-use crate::host::page_buffer::PageBuffer;
+use crate::host::RegisteredBuffer;
 use crate::logging;
 use crate::verbs::{Access, MemoryRegion};
 use crate::wire::{
@@ -57,13 +57,12 @@ pub(crate) fn check(ram: &RamBlocks, stale: &[StalePages]) -> Result<()> {
     Ok(())
 }
 
-/// What post-copy registered for the destination's reads. `mrs` is declared
-/// first so that, dropped as a whole, the tables' registration goes before
-/// their memory.
+/// What post-copy registered for the destination's reads: parts of guest
+/// RAM, and the tables (a buffer that owns its memory).
 #[derive(Default)]
 pub(crate) struct Exposed {
     mrs: Vec<MemoryRegion>,
-    tables: Option<PageBuffer>,
+    tables: Option<RegisteredBuffer>,
 }
 
 impl Exposed {
@@ -72,9 +71,10 @@ impl Exposed {
         for mr in mrs {
             pins.release(mr);
         }
-        // The tables' registration is gone before their memory is.
+        if let Some(tables) = tables {
+            pins.release_buffer(tables);
+        }
         pins.settle();
-        drop(tables);
     }
 }
 
@@ -114,39 +114,35 @@ pub(crate) fn run(
         for t in &mut blocks {
             let block = ram.get(t.entry.block_index)?;
             for r in &mut t.regions {
-                // SAFETY: the registry's contract keeps the block mapped while
-                // the connection exists; the MR is released before the connection ends.
-                let mr = unsafe {
-                    expose(pins, &format!("part of block '{}'", block.name), block.host_ptr(r.offset), r.length)?
-                };
+                let what = format!("post-copy's remote read of part of block '{}'", block.name);
+                pins.reserve(r.length, &what)?;
+                let mr = pins.register_guest(&block.range(r.offset, r.length), Access::REMOTE_READ)?;
                 (r.remote_addr, r.rkey) = (mr.addr(), mr.rkey());
                 mrs.push(mr);
             }
         }
         // What the destination reads first: each block's table.
         let len = |t: &Table| postcopy_table_len(&PostcopyBlock { regions: t.regions.len() as u32, ..t.entry });
-        let buf = tables.insert(PageBuffer::new(blocks.iter().map(len).sum::<u64>() as usize));
+        let size = blocks.iter().map(len).sum::<u64>().next_multiple_of(4096);
+        pins.reserve(size, "post-copy's remote read of its tables")?;
+        let buf = tables.insert(pins.register_buffer(size as usize, Access::REMOTE_READ)?);
         let mut at = 0;
         for t in &blocks {
             t.write(&mut buf.bytes_mut()[at..]);
             at += len(t) as usize;
         }
-        // SAFETY: `tables` outlives its registration: `Exposed::release`
-        // settles it first, and dropped whole, `mrs` goes first (field order).
-        let mr = unsafe { expose(pins, "its tables", buf.ptr(), buf.len() as u64)? };
-        let mut at = mr.addr();
+        let (mut at, rkey) = (buf.mr().addr(), buf.mr().rkey());
         for t in &mut blocks {
             t.entry.regions = t.regions.len() as u32;
-            (t.entry.table_addr, t.entry.table_rkey) = (at, mr.rkey());
+            (t.entry.table_addr, t.entry.table_rkey) = (at, rkey);
             at += len(t);
         }
-        mrs.push(mr);
         let total: u64 = blocks.iter().map(|t| t.entry.stale_pages).sum();
         link.open_fault_qp()?;
         logging::info(format_args!(
             "source: post-copy: {total} stale pages in {} blocks, {} regions exposed for remote read",
             blocks.len(),
-            mrs.len() - 1
+            mrs.len()
         ));
         let build = |w: &mut MessageWriter| blocks.iter().try_for_each(|t| w.push(&t.entry));
         let summary = match &recovery {
@@ -370,16 +366,6 @@ fn regions(blocks: &mut [Table]) {
         }
         gap = (gap * 2).max(align);
     }
-}
-
-/// Registers `len` bytes at `addr` (`what`) for remote read, within the pin budget.
-///
-/// # Safety
-/// The memory stays mapped until the registration is released.
-unsafe fn expose(pins: &Pins, what: &str, addr: *mut u8, len: u64) -> Result<MemoryRegion> {
-    pins.reserve(len, &format!("post-copy's remote read of {what}"))?;
-    // SAFETY: as this function's contract.
-    unsafe { pins.register(addr, len, Access::REMOTE_READ) }
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@ use super::transfer::{Engine, Piece};
 use crate::engine::pin::Hint;
 use crate::engine::ram::chunk_of;
 use crate::engine::stats::Counters;
-use crate::host::sharing::pin_would_copy;
-use crate::verbs::{Access, MemoryRegion};
+use crate::host::GuestRange;
+use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{CommandType, RegisterRequest, CHUNK_SIZE, MAX_REPEAT};
 use crate::{Error, ErrorKind, Result};
 
@@ -88,31 +88,29 @@ impl Engine {
     /// The lkey for a write of `p` (dynamic registration): the chunk's local
     /// MR, registered now if it has none; `None` when pinning the chunk
     /// would copy pages (write through the staging ring instead).
-    pub(super) fn local_key(&mut self, p: &Piece) -> Result<Option<u32>> {
+    pub(super) fn local_sge(&mut self, p: &Piece, guest: GuestRange) -> Result<Option<Sge>> {
         let key = (p.block, chunk_of(p.offset));
         let window = self.shared.counters.iterations.load(std::sync::atomic::Ordering::Relaxed);
         let chunk = &self.blocks[key.0 as usize].chunks[key.1];
         if chunk.local.is_none() && chunk.staged_in != Some(window) {
             let block = &self.ram.blocks()[p.block as usize];
             let (start, end) = block.chunk_range(key.1);
-            let ptr = block.host_ptr(start);
-            // SAFETY: the chunk lies in a block the hypervisor keeps mapped.
-            if unsafe { pin_would_copy(ptr, end - start) } {
+            let chunk = block.range(start, end - start);
+            if chunk.pin_would_copy() {
                 self.chunk(key).staged_in = Some(window);
             } else {
-                let mr = self.pin_chunk(key, ptr, end - start)?;
+                let mr = self.pin_chunk(key, chunk)?;
                 self.chunk(key).local = Some(mr);
             }
         }
         self.used(key);
-        Ok(self.chunk(key).local.as_ref().map(|mr| mr.lkey()))
+        self.chunk(key).local.as_ref().map(|mr| sge_in(mr, guest)).transpose()
     }
 
-    /// Registers chunk `key` (`len` bytes at `ptr`) read-only within the budget.
-    fn pin_chunk(&mut self, key: ChunkKey, ptr: *mut u8, len: u64) -> Result<MemoryRegion> {
-        self.make_local_room(len, Some(key))?;
-        // SAFETY (both): the hypervisor keeps registered blocks mapped for the connection's life.
-        match unsafe { self.pins.register(ptr, len, Access::empty()) } {
+    /// Registers chunk `key` (`chunk` of guest RAM) read-only within the budget.
+    fn pin_chunk(&mut self, key: ChunkKey, chunk: GuestRange) -> Result<MemoryRegion> {
+        self.make_local_room(chunk.len(), Some(key))?;
+        match self.pins.register_guest(&chunk, Access::empty()) {
             Err(e) if e.kind == ErrorKind::PinBudget => {
                 // The kernel counts more than we do (another connection, mlock): unpin one more.
                 self.pins.retried();
@@ -120,7 +118,7 @@ impl Engine {
                     self.unpin(victim, hint)?;
                 }
                 self.pins.settle();
-                unsafe { self.pins.register(ptr, len, Access::empty()) }
+                self.pins.register_guest(&chunk, Access::empty())
             }
             r => r,
         }
@@ -243,4 +241,10 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The entry for `guest` in `mr`, the registration that covers it.
+pub(super) fn sge_in(mr: &MemoryRegion, guest: GuestRange) -> Result<Sge> {
+    mr.sge_at(guest.addr(), guest.len() as u32)
+        .ok_or_else(|| Error::new(ErrorKind::State, format!("{guest:?} is not inside its registration {mr:?}")))
 }

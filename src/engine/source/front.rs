@@ -391,16 +391,16 @@ fn outside_window() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::guest::testing::Mapping;
     use std::thread;
 
     const BLOCK: u64 = 64 << 20;
 
     /// A front over one block of `BLOCK` bytes (reserved, never touched: the front reads no RAM).
-    fn front() -> (Front, Vec<u8>) {
-        let ram = vec![0u8; BLOCK as usize];
+    fn front() -> (Front, Mapping) {
+        let ram = Mapping::anonymous(BLOCK);
         let mut blocks = RamBlocks::new();
-        // SAFETY: the caller keeps `ram` alive as long as the front.
-        unsafe { blocks.add("pc.ram", ram.as_ptr() as *mut u8, 0, BLOCK) }.unwrap();
+        blocks.add_range("pc.ram", ram.range(), 0).unwrap();
         (Front::new(blocks), ram)
     }
 

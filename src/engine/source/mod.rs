@@ -194,7 +194,7 @@ impl Source {
 
     /// A source with no peer and no transfer thread (for tests of the
     /// paths that refuse a call before it reaches either).
-    #[cfg(any(test, feature = "test-support"))]
+    #[cfg(feature = "test-support")]
     pub(crate) fn detached() -> Source {
         let shared =
             Shared::new(RamBlocks::new(), Arc::new(Counters::new()), Readiness::new().expect("an eventfd"), None);

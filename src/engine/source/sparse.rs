@@ -15,7 +15,6 @@
 
 use super::transfer::{Engine, Piece};
 use crate::engine::ram::{RamBlock, Run};
-use crate::host::is_zero;
 
 /// Granularity of the zero scan of populated memory.
 const SCAN: u64 = 4096;
@@ -53,15 +52,11 @@ fn split(block: &RamBlock, p: Piece, extensions: bool) -> Vec<Part> {
     }
     // Toward QEMU: one COMPRESS at most, from the first zero run to the last (holes known or not).
     if runs.iter().all(|r| r.populated) {
-        // SAFETY: the piece lies in its block (checked at save).
-        let z = unsafe { is_zero(block.host_ptr(p.offset), p.len as usize) };
+        let z = block.range(p.offset, p.len).is_zero();
         return vec![if z { zero(p.offset, p.offset + p.len) } else { data(p.offset, p.offset + p.len) }];
     }
-    let zeros: Vec<bool> = runs
-        .iter()
-        // SAFETY: a populated run lies in the piece, which lies in its block (checked at save).
-        .map(|r| !r.populated || unsafe { is_zero(block.host_ptr(r.start), (r.end - r.start) as usize) })
-        .collect();
+    let zeros: Vec<bool> =
+        runs.iter().map(|r| !r.populated || block.range(r.start, r.end - r.start).is_zero()).collect();
     let zero_runs = || runs.iter().zip(&zeros).filter(|(_, &z)| z).map(|(r, _)| r);
     let from = zero_runs().next().expect("a never-populated run is zero").start;
     let to = zero_runs().next_back().expect("a never-populated run is zero").end;
@@ -79,8 +74,7 @@ fn scan(block: &RamBlock, start: u64, end: u64, mut f: impl FnMut(u64, u64, bool
     while at < end {
         let next = ((host + at) / SCAN + 1) * SCAN - host;
         let page_end = next.min(end);
-        // SAFETY: the page lies in the piece, which was checked against its block at save.
-        let z = unsafe { is_zero(block.host_ptr(at), (page_end - at) as usize) };
+        let z = block.range(at, page_end - at).is_zero();
         f(at, page_end, z);
         at = page_end;
     }
@@ -99,6 +93,7 @@ fn add(parts: &mut Vec<Part>, part: Part) {
 mod tests {
     use super::*;
     use crate::engine::RamBlocks;
+    use crate::host::guest::testing::Mapping;
 
     const PAGE: u64 = 4096;
 
@@ -121,31 +116,15 @@ mod tests {
     #[test]
     fn a_piece_splits_into_holes_zero_pages_and_data() {
         let n = 16u64;
-        // SAFETY: a fresh private anonymous mapping, unmapped below.
-        let host = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                (n * PAGE) as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            libc::madvise(p, (n * PAGE) as usize, libc::MADV_NOHUGEPAGE);
-            p as *mut u8
-        };
+        let guest = Mapping::anonymous(n * PAGE);
         // Pages 2, 3, 8 and 12 hold data; 4 was written and zeroed again (populated, zero); the rest never touched.
-        // SAFETY: pages of the mapping.
-        unsafe {
-            for p in [2, 3, 4, 8, 12] {
-                host.add((p * PAGE) as usize + 1).write_volatile(1);
-            }
-            host.add((4 * PAGE) as usize + 1).write_volatile(0);
+        for p in [2, 3, 4, 8, 12] {
+            guest.poke(p * PAGE + 1, 1);
         }
+        guest.poke(4 * PAGE + 1, 0);
+        let host = guest.range().addr() as *const u8;
         let mut ram = RamBlocks::new();
-        // SAFETY: the mapping outlives the registry here.
-        unsafe { ram.add("anon", host, 0, n * PAGE).unwrap() };
+        ram.add_range("anon", guest.range(), 0).unwrap();
         let block = &ram.blocks()[0];
         let before = pagemap_present(host, n);
         let piece = |offset: u64, len: u64| Piece { block: 0, offset: offset * PAGE, len: len * PAGE };
@@ -167,7 +146,5 @@ mod tests {
         assert_eq!(pages(&split(block, piece(2, 3), true)), [(2, 2, false), (4, 1, true)]);
         assert_eq!(pages(&split(block, piece(4, 1), false)), [(4, 1, true)]);
         assert_eq!(pagemap_present(host, n), before, "splitting populated nothing");
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(host.cast(), (n * PAGE) as usize) };
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use super::chunks::{ChunkKey, ChunkState};
+use super::chunks::{sge_in, ChunkKey, ChunkState};
 use super::pacing::Pacer;
 use super::registration::RUN_AHEAD;
 use super::sparse::Part;
@@ -22,7 +22,7 @@ use crate::engine::postcopy;
 use crate::engine::ram::{chunk_of, RamBlocks};
 use crate::engine::stats::Counters;
 use crate::engine::Config;
-use crate::host::pagemap;
+use crate::host::{pagemap, GuestRange};
 use crate::logging;
 use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{CommandType, Compress, EndSummary, CHUNK_SIZE};
@@ -392,24 +392,22 @@ impl Engine {
         self.pace(p.len)?;
         self.make_room(p.len)?;
         let state = &self.blocks[p.block as usize];
-        let guest = self.ram.blocks()[p.block as usize].host_ptr(p.offset);
-        let guest_sge = |lkey| Sge { addr: guest as u64, len: p.len as u32, lkey };
+        let guest = self.ram.blocks()[p.block as usize].range(p.offset, p.len);
         let (sge, rkey, staged) = if let (Some(mr), Some(rkey)) = (&state.local, state.remote_rkey) {
-            (guest_sge(mr.lkey()), rkey, false)
+            (sge_in(mr, guest)?, rkey, false)
         } else {
             let rkey = state.chunks[chunk_of(p.offset)]
                 .remote_rkey
                 .ok_or_else(|| Error::new(ErrorKind::State, "write to an unregistered chunk"))?;
-            match self.local_key(&p)? {
-                Some(lkey) => (guest_sge(lkey), rkey, false),
-                None => (self.stage(guest, p.len)?, rkey, true),
+            match self.local_sge(&p, guest)? {
+                Some(sge) => (sge, rkey, false),
+                None => (self.stage(guest)?, rkey, true),
             }
         };
         let remote = self.blocks[p.block as usize].remote_base + p.offset;
         let signalled = self.unsignalled.0 + 1 >= SIGNAL_EVERY || self.unsignalled.1 + p.len >= SIGNAL_EVERY_BYTES;
-        // SAFETY: `sge` lies in a local MR over guest RAM the hypervisor keeps mapped;
         // `remote` lies in the chunk (or block) the destination registered for `rkey`.
-        let seq = unsafe { self.link.post_write(sge, remote, rkey, signalled)? };
+        let seq = self.link.post_write(sge, remote, rkey, signalled)?;
         if signalled {
             self.unsignalled = (0, 0);
             self.signalled.push_back(seq);
@@ -446,10 +444,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Copies `len` bytes of guest RAM at `guest` into the staging ring
-    /// (registered on first use, within the pin budget), waiting for older
-    /// staged writes to complete while it is full.
-    fn stage(&mut self, guest: *const u8, len: u64) -> Result<Sge> {
+    /// Copies `guest` into the staging ring (registered on first use, within
+    /// the pin budget), waiting for older staged writes to complete while it
+    /// is full.
+    fn stage(&mut self, guest: GuestRange) -> Result<Sge> {
         if self.staging.is_none() {
             let size = self.pins.budget().map_or(STAGING, |b| (b / 4).clamp(CHUNK_SIZE, STAGING) & !(CHUNK_SIZE - 1));
             self.make_local_room(size, None)?;
@@ -457,8 +455,7 @@ impl Engine {
         }
         loop {
             let staging = self.staging.as_mut().expect("created above");
-            // SAFETY: the range was checked against its block in `Source::save`.
-            if let Some(sge) = unsafe { staging.stage(guest, len) } {
+            if let Some(sge) = staging.stage(guest) {
                 return Ok(sge);
             }
             let oldest = staging.oldest().ok_or_else(|| Error::new(ErrorKind::State, "staging ring too small"))?;
