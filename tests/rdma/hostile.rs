@@ -449,8 +449,7 @@ impl Peer {
     fn post_recv(&mut self) {
         let i = (0..RECV_BUFFERS).find(|i| !self.posted.contains(i)).expect("a free receive buffer");
         let sge = self.recv[i].mr.sge(0, CONTROL_BUFFER_SIZE as u32).unwrap();
-        // SAFETY: the buffer is registered and lives as long as the QP (both in `self`).
-        unsafe { self.qp.post_recv(WRID_RECV + i as u64, sge) }.expect("post_recv");
+        self.qp.post_recv(WRID_RECV + i as u64, sge).expect("post_recv");
         self.posted.push_back(i);
     }
 
@@ -508,8 +507,7 @@ impl Peer {
     /// completion, successful or not. Posts no receive.
     fn transmit(&mut self, len: usize) -> WorkCompletion {
         let sge = self.send_buf.mr.sge(0, len as u32).unwrap();
-        // SAFETY: registered buffer, untouched until the completion below.
-        unsafe { self.qp.post_send(WRID_SEND, sge, true) }.expect("post_send");
+        self.qp.post_send(WRID_SEND, sge, true).expect("post_send");
         let wc = next_wc(&self.send_cq, Instant::now() + TIMEOUT).expect("no send completion");
         assert_eq!(wc.wr_id(), WRID_SEND);
         wc
@@ -581,8 +579,7 @@ impl Peer {
         // SAFETY: `mem` outlives `mr` (dropped below, after the completion).
         let mr = unsafe { self.pd.register(mem.as_mut_ptr(), mem.len(), Access::LOCAL_WRITE) }.expect("register");
         let sge = mr.sge(0, mem.len() as u32).unwrap();
-        // SAFETY: as above; the write completes (or fails) before `mr` drops.
-        unsafe { self.qp.post_write(WRID_WRITE, sge, remote_addr, rkey, true) }.expect("post_write");
+        self.qp.post_write(WRID_WRITE, sge, remote_addr, rkey, true).expect("post_write");
         let wc = next_wc(&self.send_cq, Instant::now() + TIMEOUT).expect("no write completion");
         assert_eq!(wc.wr_id(), WRID_WRITE);
         drop(mr);
@@ -597,8 +594,7 @@ impl Peer {
         self.send_buf.mem[second_at..][..second.len()].copy_from_slice(second);
         for (at, len) in [(0, first.len()), (second_at, second.len())] {
             let sge = self.send_buf.mr.sge(at, len as u32).unwrap();
-            // SAFETY: registered buffer, untouched until both completions below.
-            unsafe { self.qp.post_send(WRID_SEND, sge, true) }.expect("post_send");
+            self.qp.post_send(WRID_SEND, sge, true).expect("post_send");
         }
         let deadline = Instant::now() + TIMEOUT;
         [(); 2].map(|_| next_wc(&self.send_cq, deadline).expect("no send completion"))

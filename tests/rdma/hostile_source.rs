@@ -326,8 +326,7 @@ impl Dest {
     fn post_recv(&mut self) -> Result<(), String> {
         assert!(!self.recv_posted, "the receive is posted already");
         let sge = self.recv.mr.sge(0, CONTROL_BUFFER_SIZE as u32).expect("sge");
-        // SAFETY: the buffer is registered and lives as long as the QP (both in `self`).
-        unsafe { self.qp.post_recv(WRID_RECV, sge) }.map_err(|e| e.to_string())?;
+        self.qp.post_recv(WRID_RECV, sge).map_err(|e| e.to_string())?;
         self.recv_posted = true;
         Ok(())
     }
@@ -356,8 +355,7 @@ impl Dest {
     /// status of a failed one (the source had no receive posted, the QP is gone).
     fn send_buffer(&mut self, len: usize) -> Result<(), String> {
         let sge = self.send_buf.mr.sge(0, len as u32).expect("sge");
-        // SAFETY: registered buffer, untouched until the completion below.
-        unsafe { self.qp.post_send(WRID_SEND, sge, true) }.map_err(|e| e.to_string())?;
+        self.qp.post_send(WRID_SEND, sge, true).map_err(|e| e.to_string())?;
         wc_result(&self.completion(WRID_SEND))
     }
 
@@ -487,8 +485,7 @@ impl Dest {
     fn write(&mut self, remote_addr: u64, rkey: u32, len: usize) -> WorkCompletion {
         self.send_buf.mem[..len].fill(0xEE);
         let sge = self.send_buf.mr.sge(0, len as u32).expect("sge");
-        // SAFETY: registered buffer, untouched until the completion below.
-        unsafe { self.qp.post_write(WRID_WRITE, sge, remote_addr, rkey, true) }.expect("post_write");
+        self.qp.post_write(WRID_WRITE, sge, remote_addr, rkey, true).expect("post_write");
         self.completion(WRID_WRITE)
     }
 
@@ -502,8 +499,7 @@ impl Dest {
         // SAFETY: the mapping is this side's own RAM; nothing else touches it now.
         unsafe { std::ptr::copy_nonoverlapping(header.as_ptr(), self.ram.ptr(), header.len()) };
         let sge = self.ram_mr.sge(0, len as u32).expect("sge");
-        // SAFETY: registered memory, untouched until the completion below.
-        unsafe { self.qp.post_send(WRID_SEND, sge, true) }.map_err(|e| e.to_string())?;
+        self.qp.post_send(WRID_SEND, sge, true).map_err(|e| e.to_string())?;
         wc_result(&self.completion(WRID_SEND))
     }
 

@@ -69,8 +69,7 @@ impl End {
     fn post_recv(&mut self) {
         let i = (0..RECVS).find(|i| !self.posted.contains(i)).expect("a free receive buffer");
         let sge = self.recv[i].mr.sge(0, CONTROL_BUFFER_SIZE as u32).unwrap();
-        // SAFETY: the buffer is registered and lives as long as the QP (both in `self`).
-        unsafe { self.qp.post_recv(WRID_RECV + i as u64, sge) }.expect("post_recv");
+        self.qp.post_recv(WRID_RECV + i as u64, sge).expect("post_recv");
         self.posted.push_back(i);
     }
 
@@ -94,8 +93,7 @@ impl End {
     fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
         self.send.mem[..bytes.len()].copy_from_slice(bytes);
         let sge = self.send.mr.sge(0, bytes.len() as u32).unwrap();
-        // SAFETY: registered buffer, not written again before the next send, after this one's completion.
-        unsafe { self.qp.post_send(WRID_SEND, sge, true) }.map_err(|e| e.to_string())
+        self.qp.post_send(WRID_SEND, sge, true).map_err(|e| e.to_string())
     }
 }
 

@@ -124,7 +124,7 @@ fn serve_one(listen: Arc<CmId>, len: usize, gate: Option<mpsc::Receiver<()>>) ->
         unsafe { ep.pd.register(buffer.as_mut_ptr(), len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.expect("reg");
     let msg_mr = unsafe { ep.pd.register(message.as_mut_ptr(), message.len(), Access::LOCAL_WRITE) }.expect("reg");
     if gate.is_none() {
-        unsafe { ep.qp.post_recv(RECV_WRID, msg_mr.sge(0, 64).unwrap()) }.expect("post_recv");
+        ep.qp.post_recv(RECV_WRID, msg_mr.sge(0, 64).unwrap()).expect("post_recv");
     }
 
     let mut private = Vec::new();
@@ -145,7 +145,7 @@ fn serve_one(listen: Arc<CmId>, len: usize, gate: Option<mpsc::Receiver<()>>) ->
     drop(ev);
     if let Some(gate) = gate {
         gate.recv_timeout(TIMEOUT).expect("gate");
-        unsafe { ep.qp.post_recv(RECV_WRID, msg_mr.sge(0, 64).unwrap()) }.expect("post_recv");
+        ep.qp.post_recv(RECV_WRID, msg_mr.sge(0, 64).unwrap()).expect("post_recv");
     }
 
     let wc = ok_wc(&ep.recv_cq, deadline);
@@ -206,7 +206,7 @@ impl Client {
         let deadline = Instant::now() + TIMEOUT;
         let mut buf = msg.to_vec();
         let mr = unsafe { self.ep.pd.register(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }.expect("reg");
-        unsafe { self.ep.qp.post_send(SEND_WRID, mr.sge(0, buf.len() as u32).unwrap(), true) }.expect("post_send");
+        self.ep.qp.post_send(SEND_WRID, mr.sge(0, buf.len() as u32).unwrap(), true).expect("post_send");
         loop {
             let wc = ok_wc(&self.ep.send_cq, deadline);
             if wc.wr_id() == SEND_WRID {
@@ -271,7 +271,7 @@ fn rdma_write_pattern_then_send() {
         let sge = mr.sge(i * CHUNK, CHUNK as u32).unwrap();
         let remote = client.remote_addr + (i * CHUNK) as u64;
         loop {
-            match unsafe { client.ep.qp.post_write(i as u64, sge, remote, client.rkey, signaled) } {
+            match client.ep.qp.post_write(i as u64, sge, remote, client.rkey, signaled) {
                 Ok(()) => break,
                 Err(e) if e.is_queue_full() && in_flight > 0 => {
                     queue_full += 1;
@@ -337,14 +337,14 @@ fn full_send_queue_is_enomem() {
     // retried after RNR NAKs (rnr_retry 7 = forever) until the gate opens.
     let mut msg = b"FULL".to_vec();
     let msg_mr = unsafe { client.ep.pd.register(msg.as_mut_ptr(), msg.len(), Access::LOCAL_WRITE) }.expect("reg");
-    unsafe { client.ep.qp.post_send(SEND_WRID, msg_mr.sge(0, 4).unwrap(), true) }.expect("post_send");
+    client.ep.qp.post_send(SEND_WRID, msg_mr.sge(0, 4).unwrap(), true).expect("post_send");
 
     let mut src = vec![0x5au8; WRITE];
     let mr = unsafe { client.ep.pd.register(src.as_mut_ptr(), WRITE, Access::LOCAL_WRITE) }.expect("reg");
     let sge = mr.sge(0, WRITE as u32).unwrap();
     let mut posted = 1; // the SEND
     let err = loop {
-        match unsafe { client.ep.qp.post_write(posted, sge, client.remote_addr, client.rkey, false) } {
+        match client.ep.qp.post_write(posted, sge, client.remote_addr, client.rkey, false) {
             Ok(()) => posted += 1,
             Err(e) => break e,
         }
@@ -364,7 +364,7 @@ fn full_send_queue_is_enomem() {
     assert_eq!((wc.wr_id(), wc.opcode()), (SEND_WRID, sys::IBV_WC_SEND));
     let mut retries = 0;
     loop {
-        match unsafe { client.ep.qp.post_write(u64::MAX, sge, client.remote_addr, client.rkey, true) } {
+        match client.ep.qp.post_write(u64::MAX, sge, client.remote_addr, client.rkey, true) {
             Ok(()) => break,
             Err(e) if e.is_queue_full() && Instant::now() < deadline => {
                 retries += 1;
