@@ -6,7 +6,9 @@
 #                        c-tests/rdma_test_*.c without sanitizers into
 #                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps);
 #                        the integration examples examples/c/*.c both ways, as
-#                        rdma_test_example_* (run by rdma-suite.sh)
+#                        rdma_test_example_* (run by rdma-suite.sh), and the
+#                        minimal pair examples/c/minimal/*.c both ways, as
+#                        minimal_destination and minimal_source
 #   make check           run the host C tests (c-tests/test_*.c)
 #   make header          regenerate include/rdmamig.h (cbindgen 0.29.4)
 #   make symbols         regenerate the golden list abi/symbols.txt
@@ -83,6 +85,13 @@ EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
 EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 
+# The minimal example pair (examples/c/minimal/): target/c-tests/minimal_destination
+# and minimal_source, both ways. Not rdma_test_*: neither runs alone, so
+# rdma-suite.sh runs them together in a step of their own.
+MINIMAL_SRCS    := $(wildcard examples/c/minimal/*.c)
+MINIMAL_BINS    := $(patsubst examples/c/minimal/%.c,$(CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
+VG_MINIMAL_BINS := $(patsubst examples/c/minimal/%.c,$(VG_CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
+
 .PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
@@ -128,7 +137,8 @@ uninstall:
 
 # C tests: test_*.c run on any host (`make check`); rdma_test_*.c need an RDMA
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
-c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) $(EXAMPLE_BINS) $(VG_EXAMPLE_BINS) header-compile
+c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) $(EXAMPLE_BINS) $(VG_EXAMPLE_BINS) $(MINIMAL_BINS) $(VG_MINIMAL_BINS) \
+	header-compile
 
 $(CTEST_DIR)/%: c-tests/%.c $(wildcard c-tests/*.h) include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
@@ -145,6 +155,14 @@ $(CTEST_DIR)/rdma_test_example_%: examples/c/%.c include/rdmamig.h $(SHLIB) Make
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 
 $(VG_CTEST_DIR)/rdma_test_example_%: examples/c/%.c include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+	@mkdir -p $(VG_CTEST_DIR)
+	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig
+
+$(CTEST_DIR)/minimal_%: examples/c/minimal/%.c include/rdmamig.h $(SHLIB) Makefile
+	@mkdir -p $(CTEST_DIR)
+	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
+
+$(VG_CTEST_DIR)/minimal_%: examples/c/minimal/%.c include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(VG_CTEST_DIR)
 	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig
 
