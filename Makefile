@@ -1,7 +1,8 @@
 # Thin make layer over cargo: the versioned shared library, install, C tests.
 #
 #   make                 release build + target/lib/librdmamig.so.$(VERSION)
-#   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib
+#   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib; the
+#                        man(3) pages into MANDIR=$(PREFIX)/share/man when doxygen is there
 #   make c-tests         build c-tests/*.c into target/c-tests/ (ASan/UBSan), and
 #                        c-tests/rdma_test_*.c without sanitizers into
 #                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps);
@@ -14,6 +15,7 @@
 #   make symbols         regenerate the golden list abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make docs            the C API reference (Doxygen, warnings as errors): target/doc-c/html/
+#                        and the man(3) pages, target/doc-c/man/man3/ (`make man`: only those)
 #   make demo            the C demo hypervisor (c-tests/rdma_test_demo.c) in an rxe guest
 #                        (scripts/demo.sh: installs what is missing first)
 #   make deb             the Debian packages into target/deb/ (scripts/deb.sh)
@@ -39,6 +41,7 @@ EXEC_PREFIX ?= $(PREFIX)
 LIBDIR      ?= $(EXEC_PREFIX)/lib
 INCLUDEDIR  ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+MANDIR      ?= $(PREFIX)/share/man
 DESTDIR     ?=
 
 CARGO    ?= cargo
@@ -92,7 +95,7 @@ MINIMAL_SRCS    := $(wildcard examples/c/minimal/*.c)
 MINIMAL_BINS    := $(patsubst examples/c/minimal/%.c,$(CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 VG_MINIMAL_BINS := $(patsubst examples/c/minimal/%.c,$(VG_CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -129,11 +132,18 @@ install: all $(TARGET_DIR)/rdmamig.pc
 	$(INSTALL) -m 0644 $(STATICLIB) $(DESTDIR)$(LIBDIR)/librdmamig.a
 	$(INSTALL) -m 0644 include/rdmamig.h $(DESTDIR)$(INCLUDEDIR)/rdmamig.h
 	$(INSTALL) -m 0644 $(TARGET_DIR)/rdmamig.pc $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
+	@if command -v doxygen > /dev/null; then \
+		bash scripts/docs.sh --man && \
+		echo "$(INSTALL) -m 0644 target/doc-c/man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/" && \
+		$(INSTALL) -d $(DESTDIR)$(MANDIR)/man3 && \
+		$(INSTALL) -m 0644 target/doc-c/man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/; \
+	else echo "note: doxygen is not installed: no man(3) pages installed (apt-get install doxygen)"; fi
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(REALNAME) $(DESTDIR)$(LIBDIR)/$(SONAME) \
 	      $(DESTDIR)$(LIBDIR)/librdmamig.so $(DESTDIR)$(LIBDIR)/librdmamig.a \
-	      $(DESTDIR)$(INCLUDEDIR)/rdmamig.h $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
+	      $(DESTDIR)$(INCLUDEDIR)/rdmamig.h $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc \
+	      $(DESTDIR)$(MANDIR)/man3/rdmamig*.3 $(DESTDIR)$(MANDIR)/man3/RDMAMIG*.3
 
 # C tests: test_*.c run on any host (`make check`); rdma_test_*.c need an RDMA
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
@@ -239,9 +249,13 @@ symbols: all
 check-abi: all
 	bash scripts/check-abi.sh $(SHLIB)
 
-# The C API reference from the header's doc comments (docs/Doxyfile).
+# The C API reference from the header's doc comments: HTML (docs/Doxyfile)
+# and the man(3) pages (docs/Doxyfile.man); `make man` only the latter.
 docs:
 	bash scripts/docs.sh
+
+man:
+	bash scripts/docs.sh --man
 
 clean:
 	rm -rf $(LIBOUT) $(CTEST_DIR) $(VG_CTEST_DIR) $(TARGET_DIR)/rdmamig.pc
