@@ -1,18 +1,22 @@
 # Thin make layer over cargo: the versioned shared library, install, C tests.
 #
 #   make                 release build + target/lib/librdmamig.so.$(VERSION)
-#   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib
+#   make install         PREFIX=/usr/local, DESTDIR honoured, LIBDIR=$(PREFIX)/lib; the
+#                        man(3) pages into MANDIR=$(PREFIX)/share/man when doxygen is there
 #   make c-tests         build capi/c-tests/*.c into target/c-tests/ (ASan/UBSan), and
 #                        capi/c-tests/rdma_test_*.c without sanitizers into
 #                        target/c-tests-valgrind/ (rdma-suite.sh's valgrind steps);
 #                        the integration examples examples/c/*.c both ways, as
-#                        rdma_test_example_* (run by rdma-suite.sh)
+#                        rdma_test_example_* (run by rdma-suite.sh), and the
+#                        minimal pair examples/c/minimal/*.c both ways, as
+#                        minimal_destination and minimal_source
 #   make check           run the host C tests (capi/c-tests/test_*.c)
 #   make generate        regenerate the C side's mirrors of the library's lists, then the header
 #   make header          regenerate capi/include/rdmamig.h (cbindgen 0.29.4)
 #   make symbols         regenerate the golden list capi/abi/symbols.txt
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make docs            the C API reference (Doxygen, warnings as errors): target/doc-c/html/
+#                        and the man(3) pages, target/doc-c/man/man3/ (`make man`: only those)
 #   make demo            the C demo hypervisor (capi/c-tests/rdma_test_demo.c) in an rxe guest
 #                        (scripts/demo.sh: installs what is missing first)
 #   make deb             the Debian packages into target/deb/ (scripts/deb.sh)
@@ -38,6 +42,7 @@ EXEC_PREFIX ?= $(PREFIX)
 LIBDIR      ?= $(EXEC_PREFIX)/lib
 INCLUDEDIR  ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+MANDIR      ?= $(PREFIX)/share/man
 DESTDIR     ?=
 
 CARGO    ?= cargo
@@ -84,7 +89,14 @@ EXAMPLE_SRCS    := $(wildcard examples/c/*.c)
 EXAMPLE_BINS    := $(patsubst examples/c/%.c,$(CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 VG_EXAMPLE_BINS := $(patsubst examples/c/%.c,$(VG_CTEST_DIR)/rdma_test_example_%,$(EXAMPLE_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
+# The minimal example pair (examples/c/minimal/): target/c-tests/minimal_destination
+# and minimal_source, both ways. Not rdma_test_*: neither runs alone, so
+# rdma-suite.sh runs them together in a step of their own.
+MINIMAL_SRCS    := $(wildcard examples/c/minimal/*.c)
+MINIMAL_BINS    := $(patsubst examples/c/minimal/%.c,$(CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
+VG_MINIMAL_BINS := $(patsubst examples/c/minimal/%.c,$(VG_CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
+
+.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -121,15 +133,23 @@ install: all $(TARGET_DIR)/rdmamig.pc
 	$(INSTALL) -m 0644 $(STATICLIB) $(DESTDIR)$(LIBDIR)/librdmamig.a
 	$(INSTALL) -m 0644 capi/include/rdmamig.h $(DESTDIR)$(INCLUDEDIR)/rdmamig.h
 	$(INSTALL) -m 0644 $(TARGET_DIR)/rdmamig.pc $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
+	@if command -v doxygen > /dev/null; then \
+		bash scripts/docs.sh --man && \
+		echo "$(INSTALL) -m 0644 target/doc-c/man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/" && \
+		$(INSTALL) -d $(DESTDIR)$(MANDIR)/man3 && \
+		$(INSTALL) -m 0644 target/doc-c/man/man3/*.3 $(DESTDIR)$(MANDIR)/man3/; \
+	else echo "note: doxygen is not installed: no man(3) pages installed (apt-get install doxygen)"; fi
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(REALNAME) $(DESTDIR)$(LIBDIR)/$(SONAME) \
 	      $(DESTDIR)$(LIBDIR)/librdmamig.so $(DESTDIR)$(LIBDIR)/librdmamig.a \
-	      $(DESTDIR)$(INCLUDEDIR)/rdmamig.h $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc
+	      $(DESTDIR)$(INCLUDEDIR)/rdmamig.h $(DESTDIR)$(PKGCONFIGDIR)/rdmamig.pc \
+	      $(DESTDIR)$(MANDIR)/man3/rdmamig*.3 $(DESTDIR)$(MANDIR)/man3/RDMAMIG*.3
 
 # C tests: test_*.c run on any host (`make check`); rdma_test_*.c need an RDMA
 # device and are run by scripts/rdma-suite.sh in the rxe guest.
-c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) $(EXAMPLE_BINS) $(VG_EXAMPLE_BINS) header-compile
+c-tests: all $(CTEST_BINS) $(VG_CTEST_BINS) $(EXAMPLE_BINS) $(VG_EXAMPLE_BINS) $(MINIMAL_BINS) $(VG_MINIMAL_BINS) \
+	header-compile
 
 $(CTEST_DIR)/%: capi/c-tests/%.c $(wildcard capi/c-tests/*.h) capi/include/rdmamig.h $(SHLIB) Makefile
 	@mkdir -p $(CTEST_DIR)
@@ -146,6 +166,14 @@ $(CTEST_DIR)/rdma_test_example_%: examples/c/%.c capi/include/rdmamig.h $(SHLIB)
 	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
 
 $(VG_CTEST_DIR)/rdma_test_example_%: examples/c/%.c capi/include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
+	@mkdir -p $(VG_CTEST_DIR)
+	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig
+
+$(CTEST_DIR)/minimal_%: examples/c/minimal/%.c capi/include/rdmamig.h $(SHLIB) Makefile
+	@mkdir -p $(CTEST_DIR)
+	$(CC) $(CTEST_CFLAGS) -o $@ $< $(CTEST_LDFLAGS) -lrdmamig
+
+$(VG_CTEST_DIR)/minimal_%: examples/c/minimal/%.c capi/include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(VG_CTEST_DIR)
 	$(CC) $(VG_CTEST_CFLAGS) -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig
 
@@ -228,9 +256,13 @@ symbols: all
 check-abi: all
 	bash scripts/check-abi.sh $(SHLIB)
 
-# The C API reference from the header's doc comments (docs/Doxyfile).
+# The C API reference from the header's doc comments: HTML (docs/Doxyfile)
+# and the man(3) pages (docs/Doxyfile.man); `make man` only the latter.
 docs:
 	bash scripts/docs.sh
+
+man:
+	bash scripts/docs.sh --man
 
 clean:
 	rm -rf $(LIBOUT) $(CTEST_DIR) $(VG_CTEST_DIR) $(TARGET_DIR)/rdmamig.pc

@@ -66,6 +66,12 @@ done
     || { echo "check-install: FAIL: librdmamig.so.$major does not point to librdmamig.so.$version" >&2; fail=1; }
 [[ "$(readlink "$prefix/lib/librdmamig.so")" == "librdmamig.so.$major" ]] \
     || { echo "check-install: FAIL: librdmamig.so does not point to librdmamig.so.$major" >&2; fail=1; }
+# The man(3) pages (installed when doxygen is there, as in CI): a function's
+# name finds the header's page.
+if command -v doxygen > /dev/null; then
+    MANPATH=$prefix/share/man man rdmamig_connect 2>/dev/null | grep -q 'rdmamig_status rdmamig_connect' \
+        || { echo "check-install: FAIL: man rdmamig_connect does not show $prefix/share/man/man3/rdmamig.h.3" >&2; fail=1; }
+fi
 (( fail )) && exit 1
 
 # DESTDIR staging: files land under DESTDIR, the .pc still names PREFIX.

@@ -92,7 +92,8 @@ if (( check )); then
     for f in "$lib/librdmamig.so.$version" "$lib/librdmamig.so.${version%%.*}" "$lib/librdmamig.so" \
              "$lib/librdmamig.a" "$lib/pkgconfig/rdmamig.pc" /usr/include/rdmamig.h /usr/bin/rdmamig \
              /usr/share/man/man1/rdmamig.1.gz /usr/share/man/man1/rdmamig-doctor.1.gz \
-             /usr/share/man/man1/rdmamig-bench.1.gz /usr/share/man/man1/rdmamig-fabric-plan.1.gz; do
+             /usr/share/man/man1/rdmamig-bench.1.gz /usr/share/man/man1/rdmamig-fabric-plan.1.gz \
+             /usr/share/man/man3/rdmamig.h.3.gz /usr/share/man/man3/rdmamig_connect.3.gz; do
         [[ -e "$f" ]] || { echo "deb: FAIL: $f is not installed" >&2; fail=1; }
     done
     # The ldconfig trigger ran: the loader finds the SONAME without help.
@@ -100,6 +101,9 @@ if (( check )); then
         { echo "deb: FAIL: librdmamig.so.${version%%.*} is not in the ld.so cache" >&2; fail=1; }
     (( fail )) && exit 1
     echo "rdmamig --version: $(rdmamig --version)"
+    # man finds a function's page (a .so link to rdmamig.h(3)) without help.
+    man rdmamig_connect 2>/dev/null | grep -q 'rdmamig_status rdmamig_connect' ||
+        { echo "deb: FAIL: man rdmamig_connect does not show rdmamig.h(3)" >&2; exit 1; }
 
     bash scripts/check-install.sh --installed "$lib"
 

@@ -31,8 +31,8 @@ CARGO_FUZZ_VERSION=0.13.2
 RUST_MIN_MINOR=85   # Cargo.toml's rust-version 1.85 (the CLI's clap and indicatif need it)
 
 APT_BUILD=(libibverbs-dev librdmacm-dev pkg-config gcc libc6-dev make binutils)
-APT_TEST=(meson ninja-build g++ valgrind ibverbs-utils doxygen)
-APT_DEB=(debhelper dpkg-dev build-essential)
+APT_TEST=(meson ninja-build g++ valgrind ibverbs-utils doxygen man-db)
+APT_DEB=(debhelper dpkg-dev build-essential doxygen)
 APT_LINT=(lintian)
 
 dry=0

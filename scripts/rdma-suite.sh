@@ -14,6 +14,11 @@
 #                              (Debian 12: 7.2)
 #   3. c:rdma_test_*           each executable target/c-tests/rdma_test_*
 #                              (built by the Makefile beforehand; none: skipped)
+#   3a. c:minimal              the minimal example pair (examples/c/minimal/,
+#                              target/c-tests/minimal_*): the destination in
+#                              the background, the source against it over
+#                              rxe0's address; PASS when both exit 0 and
+#                              print OK
 #   4. bench:smoke             the migration benchmark (examples/bench.rs,
 #                              built here with cargo build --release
 #                              --features rdma-tests --example bench) with
@@ -42,7 +47,8 @@
 #                              under valgrind memcheck, small sizes (memcheck
 #                              under TCG is slow); FAIL on any memcheck error
 #                              or definite leak, in any process (the demo
-#                              forks); suppressions: capi/c-tests/valgrind.supp
+#                              forks); suppressions: capi/c-tests/valgrind.supp;
+#                              c-valgrind:minimal, the pair of 3a. so
 #
 # then, after that guest, one rxe-vm.sh --pair boot (two guests on a virtual
 # wire) per two-guest test: the #[ignore]d `MODULE::pair_*` tests of the same
@@ -169,6 +175,36 @@ for t in target/c-tests/rdma_test_*; do
 done
 [ $c_tests != 0 ] || echo "rdma-suite: no C RDMA tests (target/c-tests/rdma_test_*): skipped"
 
+# minimal_pair_step NAME DIR [WRAPPER...]: a step that runs the minimal
+# example pair built in DIR (examples/c/minimal/, `make c-tests`), each
+# program under WRAPPER: the destination in the background on rxe0's address,
+# then the source, which retries until the destination listens; PASS when
+# both exit 0 and print OK (a failed source stops the destination's accept).
+minimal_pair_step() {
+    local name=$1 dir=$2 role
+    shift 2
+    for role in destination source; do
+        if ! [ -f "$dir/minimal_$role" ] || ! [ -x "$dir/minimal_$role" ]; then
+            host_fail "$name" "$dir/minimal_$role is not built (make c-tests)"
+            return
+        fi
+    done
+    add_step "$name" bash -c '
+        dir=$1 out=$(mktemp -d) port=4455
+        shift
+        "$@" "$dir/minimal_destination" "$RXE_VM_IP" $port > "$out/destination" & dst=$!
+        "$@" "$dir/minimal_source" "$RXE_VM_IP" $port > "$out/source"
+        src_rc=$?
+        [ $src_rc = 0 ] || kill $dst
+        wait $dst
+        dst_rc=$?
+        echo "minimal: destination exited $dst_rc printing \"$(cat "$out/destination")\"," \
+             "source exited $src_rc printing \"$(cat "$out/source")\""
+        [ $dst_rc = 0 ] && [ $src_rc = 0 ] && [ "$(cat "$out/destination")" = OK ] && [ "$(cat "$out/source")" = OK ]
+    ' minimal "$PWD/$dir" "$@"
+}
+minimal_pair_step c:minimal target/c-tests
+
 # The benchmark's smoke run: its measurements at tiny sizes (35-60 s in the
 # guest); its table goes to the log, only its exit status counts.
 if exe=$(built example bench build --release --features rdma-tests --example bench) && [ -n "$exe" ]; then
@@ -260,6 +296,11 @@ for t in target/c-tests/rdma_test_*; do
     done
     add_step "c-valgrind:$name" bash -c "$cmd"
 done
+if command -v valgrind > /dev/null; then
+    minimal_pair_step c-valgrind:minimal target/c-tests-valgrind "${VALGRIND[@]}"
+else
+    host_fail c-valgrind:minimal "valgrind is not installed (apt-get install valgrind)"
+fi
 
 # In the guest: run each step (with a timeout), one result line each.  The
 # guest gets 4G unless RXE_VM_MEM says otherwise: pin_all:: migrates 1 GiB per
