@@ -69,6 +69,9 @@ step "cargo build --release" cargo build --release
 step "cargo test --release" cargo test --release
 step "cargo clippy" cargo clippy --release --all-targets --features rdma-tests,bench-internals -- -D warnings
 step "cargo clippy (library as users build it)" cargo clippy --release -p rdmamig -- -D warnings
+# The engine's roles work with safe types only: unsafe lives in verbs/ and host/ (docs/design.md).
+step "no unsafe in engine/{source,destination,link,postcopy}" \
+    bash -c '! grep -rn unsafe src/engine/source src/engine/destination src/engine/link src/engine/postcopy'
 step "header check" bash scripts/check-header.sh
 step "make (versioned .so)" make --no-print-directory
 step "ABI check" bash scripts/check-abi.sh

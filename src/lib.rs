@@ -26,6 +26,10 @@
 //! waits ([`ErrorKind::WouldBlock`]). The library is silent unless a log hook
 //! is installed ([`set_log_hook`]).
 
+// unsafe is for the foreign interfaces (verbs, host memory), each block with
+// its argument.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 mod bitmap;
 pub mod doctor;
 pub mod engine;

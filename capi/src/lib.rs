@@ -25,6 +25,8 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 // C names: `rdmamig_config`, `RDMAMIG_OK`, ...
 #![allow(non_camel_case_types)]
+// unsafe is for the C boundary, each block with its argument.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
 mod macros;

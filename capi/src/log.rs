@@ -135,8 +135,11 @@ mod tests {
     use std::sync::Mutex;
 
     unsafe extern "C" fn collect(user_data: *mut c_void, level: rdmamig_log_level, message: *const c_char) {
-        let seen = &*(user_data as *const Mutex<Vec<(rdmamig_log_level, String)>>);
-        seen.lock().unwrap().push((level, CStr::from_ptr(message).to_str().unwrap().to_string()));
+        // SAFETY: the test passes its `seen` as `user_data`; the library a
+        // NUL-terminated message.
+        let (seen, message) =
+            unsafe { (&*(user_data as *const Mutex<Vec<(rdmamig_log_level, String)>>), CStr::from_ptr(message)) };
+        seen.lock().unwrap().push((level, message.to_str().unwrap().to_string()));
     }
 
     #[test]

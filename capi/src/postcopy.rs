@@ -436,6 +436,7 @@ mod tests {
         let mut buf = [JUNK; 8];
         let out = buf.as_mut_ptr().cast::<rdmamig_postcopy_progress>();
         // An older caller's smaller struct (as if V1 ended at pages_remaining): nothing past it is written.
+        // SAFETY: `buf` holds 64 bytes.
         unsafe { fill(out, 24, &progress) };
         assert_eq!(buf[0] as u32, 24);
         assert_eq!(buf[0] >> 32, rdmamig_postcopy_phase::RDMAMIG_POSTCOPY_RUNNING as u64);
@@ -443,11 +444,13 @@ mod tests {
         assert_eq!(&buf[3..], &[JUNK; 5]);
         // A 0.9 caller's struct: no `recoveries`.
         buf = [JUNK; 8];
+        // SAFETY: `buf` holds 64 bytes.
         unsafe { fill(out, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1, &progress) };
         assert_eq!(buf[0] as u32, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1);
         assert_eq!(&buf[1..6], &[10, 4, 3, 1, 24576]);
         assert_eq!(buf[6..], [JUNK; 2]);
         // A newer caller's bigger struct: its tail is left alone.
+        // SAFETY: `buf` holds 64 bytes.
         unsafe { fill(out, 64, &progress) };
         assert_eq!(buf[0] as u32, RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2);
         assert_eq!(&buf[1..7], &[10, 4, 3, 1, 24576, 2]);

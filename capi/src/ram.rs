@@ -174,6 +174,7 @@ mod tests {
         assert_eq!(rdmamig_ram_block_count(ram), 0);
         assert_eq!(rdmamig_ram_add_block(ram, c"pc.ram".as_ptr(), host, 0, 4096, &mut index), RDMAMIG_OK);
         assert_eq!(index, 0);
+        // SAFETY: inside the caller's mapping.
         let host2 = unsafe { host.add(4096) };
         assert_eq!(rdmamig_ram_add_block(ram, c"vga".as_ptr(), host2, 1 << 30, 4096, std::ptr::null_mut()), RDMAMIG_OK);
         assert_eq!(rdmamig_ram_block_count(ram), 2);

@@ -200,13 +200,16 @@ mod tests {
         const JUNK: u64 = 0x5555_5555_5555_5555;
         let mut buf = [JUNK; 23];
         let out = buf.as_mut_ptr().cast::<rdmamig_stats>();
+        // SAFETY: `buf` holds 184 bytes.
         unsafe { fill(out, RDMAMIG_STATS_SIZE_V1, &stats) };
         assert_eq!(buf[0] as u32, RDMAMIG_STATS_SIZE_V1);
         assert_eq!(buf[0] >> 32, 0, "reserved is set to 0");
         assert_eq!((buf[1], buf[10]), (1, 10));
         assert_eq!(&buf[11..], &[JUNK; 12]);
         // A caller with a newer, bigger struct: the tail is left alone.
+        // SAFETY: `buf` holds 184 bytes.
         unsafe { fill(out, 184, &stats) };
+        // SAFETY: `fill` wrote the struct.
         let got = unsafe { *out };
         assert_eq!(
             got,

@@ -204,6 +204,7 @@ mod tests {
         // The callbacks on a closed connection fail with -EIO, on NULL with -EINVAL.
         let opaque = conn.cast::<c_void>();
         let mut b = [0u8; 4];
+        // SAFETY: the stream functions check their arguments; `b` outlives the calls.
         unsafe {
             assert_eq!(stream_get_buffer(opaque, b.as_mut_ptr(), 0, 4), -EIO);
             assert_eq!(stream_put_buffer(opaque, b.as_ptr(), 0, 4), -EIO);

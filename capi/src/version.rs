@@ -57,6 +57,7 @@ mod tests {
 
     fn s(p: *const c_char) -> &'static str {
         assert!(!p.is_null());
+        // SAFETY: a static NUL-terminated string.
         unsafe { CStr::from_ptr(p) }.to_str().unwrap()
     }
 

@@ -211,6 +211,7 @@ mod tests {
     fn registry_rejects_bad_blocks() {
         let mut mem = vec![0u8; 4096];
         let mut r = RamBlocks::new();
+        // SAFETY: `mem` outlives the registry.
         unsafe {
             assert_eq!(r.add("a", mem.as_mut_ptr(), 0, 4096).unwrap(), 0);
             assert!(r.add("a", mem.as_mut_ptr(), 0, 4096).is_err());

@@ -126,15 +126,18 @@ pub(crate) fn match_blocks(ram: &RamBlocks, specs: &[BlockSpec]) -> Result<Vec<u
 mod tests {
     use super::*;
 
+    use crate::host::guest::testing::Mapping;
+
     const MIB: u64 = CHUNK_SIZE;
 
-    /// Blocks "a" (3.5 MiB at RAM offset 16 MiB) and "b" (1 MiB at 0); no memory behind them.
+    /// Blocks "a" (3.5 MiB at RAM offset 16 MiB) and "b" (1 MiB at 0):
+    /// address space only, never touched, kept for the test process.
     fn ram() -> RamBlocks {
+        let (a, b) = (Mapping::anonymous(7 * MIB / 2), Mapping::anonymous(MIB));
         let mut r = RamBlocks::new();
-        unsafe {
-            r.add("a", 0x1000_0000 as *mut u8, 16 * MIB, 7 * MIB / 2).unwrap();
-            r.add("b", 0x2000_0000 as *mut u8, 0, MIB).unwrap();
-        }
+        r.add_range("a", a.range(), 16 * MIB).unwrap();
+        r.add_range("b", b.range(), 0).unwrap();
+        std::mem::forget((a, b));
         r
     }
 

@@ -103,8 +103,8 @@ impl GuestRange {
             return Ok(());
         }
         let remove = std::io::Error::last_os_error();
-        // SAFETY: as above.
         if remove.raw_os_error() == Some(libc::EINVAL)
+            // SAFETY: as above.
             && unsafe { libc::madvise(self.addr as *mut _, self.len as usize, libc::MADV_DONTNEED) } == 0
         {
             return Ok(());
@@ -129,8 +129,7 @@ impl GuestRange {
 /// `src..src + len` readable, `dst..dst + len` writable and not racing.
 unsafe fn copy_racing(src: *const u8, dst: *mut u8, len: usize) {
     let mut i = 0;
-    // SAFETY (all three loops): the caller's contract; `src` is only read
-    // through atomics.
+    // SAFETY: the caller's contract; `src` is only read through atomics.
     unsafe {
         while i < len && (src as usize + i) % 8 != 0 {
             *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Relaxed);
@@ -167,6 +166,7 @@ mod tests {
         for start in 0..9 {
             for len in [0, 1, 7, 8, 9, 50, 100 - start] {
                 let mut dst = vec![0u8; len];
+                // SAFETY: both ranges inside their vectors.
                 unsafe { copy_racing(src.as_ptr().add(start), dst.as_mut_ptr(), len) };
                 assert_eq!(dst, &src[start..start + len]);
             }

@@ -34,7 +34,8 @@ pub unsafe fn pin_would_copy(ptr: *const u8, len: u64) -> bool {
     (first..last).any(|p| {
         let start = (p * page).max(ptr as u64);
         let end = ((p + 1) * page).min(ptr as u64 + len);
-        is_zero(start as *const u8, (end - start) as usize)
+        // SAFETY: inside `ptr..ptr + len` (this function's contract).
+        unsafe { is_zero(start as *const u8, (end - start) as usize) }
     })
 }
 

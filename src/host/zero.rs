@@ -63,21 +63,24 @@ pub(crate) unsafe fn is_zero(ptr: *const u8, len: usize) -> bool {
 pub(crate) unsafe fn words(ptr: *const u8, len: usize) -> bool {
     let word = std::mem::size_of::<usize>();
     let head = head_len(ptr, word, len);
-    // SAFETY (all three loops): every address read lies in `ptr..ptr + len`;
-    // the word loads are at word-aligned addresses.
+    // Every address read below lies in `ptr..ptr + len`; the word loads are
+    // at word-aligned addresses.
     for i in 0..head {
+        // SAFETY: as above.
         if unsafe { ptr.add(i).read_volatile() } != 0 {
             return false;
         }
     }
     let mut i = head;
     while i + word <= len {
+        // SAFETY: as above.
         if unsafe { (ptr.add(i) as *const usize).read_volatile() } != 0 {
             return false;
         }
         i += word;
     }
     while i < len {
+        // SAFETY: as above.
         if unsafe { ptr.add(i).read_volatile() } != 0 {
             return false;
         }
@@ -268,10 +271,12 @@ mod tests {
                     // Non-zero bytes right around the range must not count.
                     buf.0[buf.1 + start - 1] = 0xFF;
                     buf.0[buf.1 + start + len] = 0xFF;
+                    // SAFETY: inside `buf`.
                     assert!(unsafe { (v.scan)(buf.ptr(start), len) }, "{}: zero {start}+{len}", v.name);
                     for pos in 0..len {
                         for byte in [1, 0x80] {
                             buf.0[buf.1 + start + pos] = byte;
+                            // SAFETY: inside `buf`.
                             assert!(!unsafe { (v.scan)(buf.ptr(start), len) }, "{}: {start}+{len} at {pos}", v.name);
                         }
                         buf.0[buf.1 + start + pos] = 0;
@@ -289,10 +294,13 @@ mod tests {
         for v in supported() {
             let mut buf = Buf::new(LEN + 64);
             for start in [0, 1, 31, 32, 63] {
+                // SAFETY: inside `buf`.
                 assert!(unsafe { (v.scan)(buf.ptr(start), LEN) }, "{}", v.name);
                 for pos in [0, 1, 255, 256, 4095, 4096, LEN / 2 + 17, LEN - 65, LEN - 64, LEN - 1] {
                     buf.0[buf.1 + start + pos] = 1;
+                    // SAFETY: inside `buf`.
                     assert!(!unsafe { (v.scan)(buf.ptr(start), LEN) }, "{}: {start} {pos}", v.name);
+                    // SAFETY: inside `buf`.
                     assert!(unsafe { (v.scan)(buf.ptr(start), pos) }, "{}: {start} {pos}", v.name);
                     buf.0[buf.1 + start + pos] = 0;
                 }
@@ -303,6 +311,7 @@ mod tests {
     #[test]
     fn the_dispatched_scan_is_the_last_supported_one() {
         let buf = Buf::new(4096);
+        // SAFETY: inside `buf`.
         assert!(unsafe { is_zero(buf.ptr(3), 4000) });
         #[cfg(target_arch = "x86_64")]
         {

@@ -21,6 +21,7 @@ pub struct EventChannel {
 // SAFETY: librdmacm's calls on a channel are thread-safe (the fd is a kernel
 // ucma file with its own locking; rdma_get_cm_event allocates a fresh event).
 unsafe impl Send for EventChannel {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for EventChannel {}
 
 impl std::os::fd::AsFd for EventChannel {
@@ -163,6 +164,7 @@ pub struct CmEvent {
 // SAFETY: the event is plain data owned by us until the ack; acking from
 // another thread is allowed (librdmacm locks the id's event counters).
 unsafe impl Send for CmEvent {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for CmEvent {}
 
 impl CmEvent {
@@ -171,11 +173,20 @@ impl CmEvent {
     /// on a channel whose ids were all created through this module.
     unsafe fn from_raw(raw: NonNull<sys::rdma_cm_event>) -> CmEvent {
         let ev = raw.as_ptr();
-        let kind = CmEventKind::from_raw((*ev).event);
+        // SAFETY: a live, unacknowledged event (this function's contract).
+        let kind = CmEventKind::from_raw(unsafe { (*ev).event });
         // For a connect request `id` is the new id, whose context librdmacm
         // copied from the listener; the listener is what we hold on to.
-        let id = if kind == CmEventKind::ConnectRequest { (*ev).listen_id } else { (*ev).id };
-        let about = if id.is_null() { None } else { CmId::upgrade_from_raw(id) };
+        // SAFETY: as above.
+        let id = unsafe {
+            if kind == CmEventKind::ConnectRequest {
+                (*ev).listen_id
+            } else {
+                (*ev).id
+            }
+        };
+        // SAFETY: the event is unacked, so its id is live, and it was made here.
+        let about = if id.is_null() { None } else { unsafe { CmId::upgrade_from_raw(id) } };
         CmEvent { raw, kind, about, request_taken: AtomicBool::new(false) }
     }
 
@@ -340,6 +351,7 @@ pub struct CmId {
 // kernel ucma file, which serialises per id. `context` is read/written
 // atomically (see context_slot).
 unsafe impl Send for CmId {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for CmId {}
 
 impl CmId {
@@ -366,14 +378,20 @@ impl CmId {
             has_qp: AtomicBool::new(false),
         });
         let ctx = &*id.self_ref as *const Weak<CmId> as *mut c_void;
-        Self::context_slot(raw.as_ptr()).store(ctx, Ordering::Release);
+        // SAFETY: `raw` is live (this function's contract).
+        unsafe { Self::context_slot(raw.as_ptr()) }.store(ctx, Ordering::Release);
         id
     }
 
     /// `id->context` as an atomic (same layout as a pointer): it is written
     /// when an id is wrapped and read by whichever thread gets its events.
+    ///
+    /// # Safety
+    /// `id` is live for `'a`.
     unsafe fn context_slot<'a>(id: *mut sys::rdma_cm_id) -> &'a AtomicPtr<c_void> {
-        &*(ptr::addr_of_mut!((*id).context) as *const AtomicPtr<c_void>)
+        // SAFETY: a live id's `context` field, a pointer, which has
+        // AtomicPtr's layout; only ever accessed through this atomic.
+        unsafe { &*(ptr::addr_of_mut!((*id).context) as *const AtomicPtr<c_void>) }
     }
 
     /// The `CmId` whose `raw` is `id`, if still alive.
@@ -381,9 +399,11 @@ impl CmId {
     /// # Safety
     /// `id` is live (an event about it is unacked) and was wrapped by this module.
     unsafe fn upgrade_from_raw(id: *mut sys::rdma_cm_id) -> Option<Arc<CmId>> {
-        let ctx = Self::context_slot(id).load(Ordering::Acquire) as *const Weak<CmId>;
-        // The box lives until rdma_destroy_id returns, which waits for our ack.
-        ctx.as_ref()?.upgrade()
+        // SAFETY: `id` is live (this function's contract).
+        let ctx = unsafe { Self::context_slot(id) }.load(Ordering::Acquire) as *const Weak<CmId>;
+        // SAFETY: null or the box `wrap` stored, which lives until
+        // rdma_destroy_id returns, which waits for our ack.
+        unsafe { ctx.as_ref() }?.upgrade()
     }
 
     /// Resolve `dst` to a local device and address; completes with an
@@ -429,13 +449,17 @@ impl CmId {
     /// `T` is the C type the kernel expects for `option` (it checks the size only).
     unsafe fn set_id_option<T>(&self, option: libc::c_int, value: T, op: &'static str) -> Result<()> {
         let mut value = value;
-        let rc = sys::rdma_set_option(
-            self.raw(),
-            sys::RDMA_OPTION_ID,
-            option,
-            ptr::addr_of_mut!(value).cast(),
-            std::mem::size_of::<T>(),
-        );
+        // SAFETY: a live id; `value` is the C type for `option` (this
+        // function's contract) and outlives the call.
+        let rc = unsafe {
+            sys::rdma_set_option(
+                self.raw(),
+                sys::RDMA_OPTION_ID,
+                option,
+                ptr::addr_of_mut!(value).cast(),
+                std::mem::size_of::<T>(),
+            )
+        };
         self.check(rc, op)
     }
 

@@ -22,6 +22,7 @@ pub struct CompletionChannel {
 // SAFETY: ibv_get_cq_event on a channel is thread-safe (a read() of one
 // event from the kernel); the struct itself is immutable.
 unsafe impl Send for CompletionChannel {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for CompletionChannel {}
 
 impl CompletionChannel {
@@ -93,6 +94,7 @@ pub struct CompletionQueue {
 // SAFETY: polling and arming a CQ are thread-safe in rdma-core providers
 // (rxe/mlx5 lock the CQ); the stash is behind a mutex.
 unsafe impl Send for CompletionQueue {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for CompletionQueue {}
 
 /// How many completions `wait` takes off the CQ while checking it.
@@ -260,6 +262,7 @@ impl WorkCompletion {
         if p.is_null() {
             return "unknown";
         }
+        // SAFETY: a static NUL-terminated string.
         unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("unknown")
     }
     /// `enum ibv_wc_opcode` (`sys::IBV_WC_SEND`, `IBV_WC_RDMA_WRITE`, `IBV_WC_RECV`, ...);

@@ -33,7 +33,8 @@ fn with_device_list<T>(f: impl FnOnce(&[*mut sys::ibv_device]) -> T) -> Result<T
 /// # Safety
 /// `ctx` is a live `ibv_context`.
 pub(crate) unsafe fn context_device_name(ctx: *mut sys::ibv_context) -> String {
-    device_name((*ctx).device)
+    // SAFETY: `ctx` is live (this function's contract).
+    device_name(unsafe { (*ctx).device })
 }
 
 fn device_name(dev: *mut sys::ibv_device) -> String {
@@ -43,6 +44,7 @@ fn device_name(dev: *mut sys::ibv_device) -> String {
     if p.is_null() {
         return String::new();
     }
+    // SAFETY: as above.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
@@ -62,6 +64,7 @@ pub struct Context {
 // SAFETY: an ibv_context may be used from any thread (rdma-core verbs are
 // thread-safe); we only read its immutable `device` pointer.
 unsafe impl Send for Context {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Context {}
 
 impl Context {

@@ -43,6 +43,7 @@ pub struct ProtectionDomain {
 
 // SAFETY: PDs are immutable handles; verbs using them are thread-safe.
 unsafe impl Send for ProtectionDomain {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
@@ -72,9 +73,11 @@ impl ProtectionDomain {
     /// time): the caller accepts this, and holds no Rust reference to bytes
     /// that a posted work request or the peer may be writing.
     pub unsafe fn register(self: &Arc<Self>, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        let raw = sys::ibv_reg_mr(self.raw.as_ptr(), addr.cast(), len, access.0 as libc::c_int);
+        // SAFETY: a live PD; the memory's validity is this function's contract.
+        let raw = unsafe { sys::ibv_reg_mr(self.raw.as_ptr(), addr.cast(), len, access.0 as libc::c_int) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_reg_mr"))?;
-        let mr = &*raw.as_ptr();
+        // SAFETY: the MR ibv_reg_mr just returned.
+        let mr = unsafe { &*raw.as_ptr() };
         Ok(MemoryRegion { raw, lkey: mr.lkey, rkey: mr.rkey, addr: addr as u64, len, _pd: self.clone() })
     }
 
@@ -141,6 +144,7 @@ pub struct MemoryRegion {
 
 // SAFETY: an MR is an immutable handle; we only read cached copies of its keys.
 unsafe impl Send for MemoryRegion {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {

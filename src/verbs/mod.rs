@@ -329,6 +329,7 @@ mod tests {
     fn sockaddr_v4() {
         let a = SocketAddr::from((Ipv4Addr::new(198, 18, 0, 1), 4444));
         let s = to_sockaddr(&a);
+        // SAFETY: `to_sockaddr` wrote a sockaddr_in for an IPv4 address.
         let sin = unsafe { &*(&s as *const _ as *const libc::sockaddr_in) };
         assert_eq!(sin.sin_family, libc::AF_INET as libc::sa_family_t);
         assert_eq!(u16::from_be(sin.sin_port), 4444);
@@ -339,6 +340,7 @@ mod tests {
     fn sockaddr_v6() {
         let a = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 7, 0, 3));
         let s = to_sockaddr(&a);
+        // SAFETY: `to_sockaddr` wrote a sockaddr_in6 for an IPv6 address.
         let sin6 = unsafe { &*(&s as *const _ as *const libc::sockaddr_in6) };
         assert_eq!(sin6.sin6_family, libc::AF_INET6 as libc::sa_family_t);
         assert_eq!(u16::from_be(sin6.sin6_port), 7);
@@ -361,13 +363,16 @@ mod tests {
     #[test]
     fn poll_times_out() {
         let mut fds = [0; 2];
+        // SAFETY: two ints for pipe(2).
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let t = std::time::Instant::now();
         let d = t + std::time::Duration::from_millis(30);
         assert!(!poll_readable(fds[0], Some(d)).unwrap());
         assert!(t.elapsed() >= std::time::Duration::from_millis(30));
+        // SAFETY: one byte from a static.
         assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
         assert!(poll_readable(fds[0], None).unwrap());
+        // SAFETY: the pipe made above, closed once.
         unsafe {
             libc::close(fds[0]);
             libc::close(fds[1]);

@@ -71,6 +71,7 @@ pub struct QueuePair {
 // SAFETY: posting to a QP is thread-safe in rdma-core providers (the send
 // and receive queues each have a lock); the struct itself is immutable.
 unsafe impl Send for QueuePair {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for QueuePair {}
 
 /// An RC QP's creation attributes: both CQs and the requested sizes.
@@ -120,6 +121,7 @@ impl QueuePair {
         // SAFETY: live id, PD and CQs (all kept alive by the QP); attr is
         // read and its `cap` updated with the actual sizes.
         let rc = unsafe { sys::rdma_create_qp(id.raw(), pd.raw(), &mut attr) };
+        // SAFETY: a live id, whose `qp` rdma_create_qp just set.
         let qp = if rc == 0 { NonNull::new(unsafe { (*id.raw()).qp }) } else { None };
         let Some(qp) = qp else {
             let e =
@@ -303,7 +305,7 @@ impl QueuePair {
     ) -> Result<()> {
         let mut sg = sge.map(|s| s.raw());
         // SAFETY: all-zero is a valid ibv_send_wr (null pointers, zero ints).
-        let mut wr: sys::ibv_send_wr = std::mem::zeroed();
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         if let Some(sg) = sg.as_mut() {
             wr.sg_list = sg;
@@ -315,7 +317,9 @@ impl QueuePair {
             wr.wr.rdma = sys::ibv_send_wr_rdma { remote_addr, rkey };
         }
         let mut bad = ptr::null_mut();
-        let rc = sys::rmv_post_send(self.qp.as_ptr(), &mut wr, &mut bad);
+        // SAFETY: a live QP; `wr` and `sg` outlive the call; the entry's
+        // memory is the caller's contract.
+        let rc = unsafe { sys::rmv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::from_ret("ibv_post_send", rc));
         }
@@ -339,6 +343,7 @@ pub struct WriteList {
 // the list holds is plain data, so moving or sharing it between threads is
 // sound.
 unsafe impl Send for WriteList {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for WriteList {}
 
 impl WriteList {
@@ -373,14 +378,16 @@ impl WriteList {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // SAFETY: nobody can post any more (we are the last Arc); the id,
-        // PD and CQs are still alive (we hold them).
+        // Nobody can post any more (we are the last Arc); the id, PD and
+        // CQs are still alive (we hold them).
         match &self.id {
             Some(id) => {
+                // SAFETY: as above; the QP was made by rdma_create_qp on `id`.
                 unsafe { sys::rdma_destroy_qp(id.raw()) };
                 id.has_qp.store(false, Ordering::Release);
             }
             None => {
+                // SAFETY: as above; the QP was made by ibv_create_qp.
                 unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
             }
         }
