@@ -11,8 +11,9 @@
 //! so those pages stay unallocated or shared. The check is made again in
 //! each iteration window (the guest may have filled the chunk meanwhile).
 
+use super::piece::Piece;
 use super::registration::REGISTER_BATCH;
-use super::transfer::{Engine, Piece};
+use super::transfer::Transfer;
 use crate::engine::pin::Hint;
 use crate::engine::ram::chunk_of;
 use crate::engine::stats::Counters;
@@ -38,7 +39,7 @@ pub(super) struct ChunkState {
     staged_in: Option<u64>,
 }
 
-impl Engine {
+impl Transfer {
     fn chunk(&mut self, (b, c): ChunkKey) -> &mut ChunkState {
         &mut self.blocks[b as usize].chunks[c]
     }

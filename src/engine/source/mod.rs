@@ -7,10 +7,12 @@
 mod chunks;
 pub(crate) mod front;
 mod pacing;
+mod piece;
 mod registration;
 mod sparse;
 mod staging;
 mod transfer;
+mod write_window;
 pub(crate) use registration::REGISTER_BATCH;
 
 use std::os::fd::BorrowedFd;
@@ -33,7 +35,7 @@ use crate::logging;
 use crate::wire::{CONTROL_TAG_LEN, MAX_PAYLOAD, SEND_INCREMENT};
 use crate::{Error, ErrorKind, Result};
 use front::Front;
-use transfer::Engine;
+use transfer::Transfer;
 
 enum Command {
     Save {
@@ -161,11 +163,11 @@ impl Source {
         let negotiated = link.negotiated;
         logging::info(format_args!("source: connected to {host}:{port}: {negotiated}"));
         let stop = link.stop.clone();
-        let engine = Engine::new(link, config, ram.clone(), shared.clone())?;
-        let unregistration = engine.unregistration();
+        let transfer = Transfer::new(link, config, ram.clone(), shared.clone())?;
+        let unregistration = transfer.unregistration();
         let thread = thread::Builder::new()
             .name("rdmamig-source".into())
-            .spawn(move || engine.run())
+            .spawn(move || transfer.run())
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the transfer thread: {e}")))?;
         shared.front.set_consumer(thread.thread().clone());
         Ok(Source::new(shared, Some(thread), negotiated, stop, unregistration))

@@ -8,7 +8,8 @@
 use std::time::Instant;
 
 use super::chunks::ChunkKey;
-use super::transfer::{Engine, Piece};
+use super::piece::Piece;
+use super::transfer::Transfer;
 use crate::engine::link::protocol_error as protocol;
 use crate::engine::ram::{chunk_of, RamBlock};
 use crate::engine::stats::Counters;
@@ -29,7 +30,7 @@ const FIRST_REQUEST: usize = 128;
 /// waits for the response rather than let its lists grow with the guest.
 pub(super) const RUN_AHEAD: usize = 1024;
 
-impl Engine {
+impl Transfer {
     /// RAM_BLOCKS_REQUEST/RESULT, once, before the first RAM goes out.
     pub(super) fn exchange_blocks(&mut self) -> Result<()> {
         if self.blocks_exchanged {

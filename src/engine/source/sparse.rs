@@ -13,7 +13,7 @@
 //! byte is zeroed, the data runs inside it written after (a chunk's COMPRESS
 //! precedes its writes).
 
-use super::transfer::{Engine, Piece};
+use super::piece::Piece;
 use crate::engine::ram::{RamBlock, Run};
 
 /// Granularity of the zero scan of populated memory.
@@ -26,15 +26,9 @@ pub(super) enum Part {
     Data(Piece),
 }
 
-impl Engine {
-    /// The parts of piece `p`, in order (see the module comment).
-    pub(super) fn split_piece(&self, p: Piece) -> Vec<Part> {
-        split(&self.ram.blocks()[p.block as usize], p, self.link.negotiated.extensions)
-    }
-}
-
-/// The parts of piece `p` of `block`, toward an rdmamig peer (`extensions`) or QEMU.
-fn split(block: &RamBlock, p: Piece, extensions: bool) -> Vec<Part> {
+/// The parts of piece `p` of `block`, in order, toward an rdmamig peer
+/// (`extensions`) or QEMU (see the module comment).
+pub(super) fn split(block: &RamBlock, p: Piece, extensions: bool) -> Vec<Part> {
     let runs = block.populated_runs(p.offset, p.len);
     let runs = runs.unwrap_or_else(|| vec![Run { start: p.offset, end: p.offset + p.len, populated: true }]);
     let zero = |start: u64, end: u64| Part::Zero { offset: start, len: end - start };

@@ -3,7 +3,6 @@
 //! `chunks` keeps the budgets), posts RDMA WRITEs within in-flight limits
 //! and sends the other control messages.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
@@ -11,9 +10,11 @@ use std::time::Instant;
 
 use super::chunks::{sge_in, ChunkKey, ChunkState};
 use super::pacing::Pacer;
+use super::piece::Piece;
 use super::registration::RUN_AHEAD;
-use super::sparse::Part;
+use super::sparse::{self, Part};
 use super::staging::Staging;
+use super::write_window::{Wait, WriteWindow};
 use super::{Command, Shared};
 use crate::bitmap::for_each_run;
 use crate::engine::link::Link;
@@ -28,26 +29,10 @@ use crate::verbs::{Access, MemoryRegion, Sge};
 use crate::wire::{CommandType, Compress, EndSummary, CHUNK_SIZE};
 use crate::{Error, ErrorKind, Result};
 
-/// Writes in flight at most (bytes and work requests): rxe collapses under deep queues.
-const MAX_INFLIGHT_BYTES: u64 = 16 << 20;
-const MAX_INFLIGHT_WRITES: usize = 256;
-/// One write is signalled every this many writes or bytes; the rest complete
-/// silently. The unsignalled tail therefore always fits under the limits above.
-const SIGNAL_EVERY: u64 = 16;
-const SIGNAL_EVERY_BYTES: u64 = MAX_INFLIGHT_BYTES / 4;
 /// Ranges being merged at once: saves from several hypervisor threads interleave.
 const MERGE_SLOTS: usize = 4;
 /// Staging ring size at most (a quarter of a smaller pin budget, at least a chunk).
 const STAGING: u64 = 8 << 20;
-
-/// A contiguous range within one chunk: one write. (With pin-all a write
-/// could span chunks; larger writes were slower on rxe: docs/benchmarks.md.)
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Piece {
-    pub block: u32,
-    pub offset: u64,
-    pub len: u64,
-}
 
 pub(super) struct BlockState {
     /// The destination's host address of the block start, and its offset in its RAM address space.
@@ -59,7 +44,7 @@ pub(super) struct BlockState {
     pub chunks: Vec<ChunkState>,
 }
 
-pub(super) struct Engine {
+pub(super) struct Transfer {
     pub link: Link,
     pub ram: RamBlocks,
     pub shared: Arc<Shared>,
@@ -75,8 +60,6 @@ pub(super) struct Engine {
     pub remote_pinned: u64,
     /// Chunks unpinned whose destination registration is still to be released.
     pub to_unregister: Vec<ChunkKey>,
-    /// Writes from chunks that are not pinned go through here.
-    staging: Option<Staging>,
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
     /// Zero ranges for the next COMPRESS messages.
@@ -91,12 +74,8 @@ pub(super) struct Engine {
     pub registering: Vec<(ChunkKey, usize)>,
     /// A REGISTER_REQUEST was sent (the first is smaller: `register_ahead`).
     pub requested: bool,
-    /// (sequence, bytes) of posted writes not known to be complete.
-    inflight: VecDeque<(u64, u64)>,
-    inflight_bytes: u64,
-    signalled: VecDeque<u64>,
-    /// Writes and bytes posted since the last signalled write.
-    unsignalled: (u64, u64),
+    /// Posted writes not known to be complete, and the staging ring.
+    window: WriteWindow,
     pacer: Pacer,
     /// What a failed post-copy left registered for remote read: released
     /// after the link is gone (see `postcopy::source::run`).
@@ -105,8 +84,8 @@ pub(super) struct Engine {
     config: Config,
 }
 
-impl Engine {
-    pub fn new(link: Link, config: &Config, ram: RamBlocks, shared: Arc<Shared>) -> Result<Engine> {
+impl Transfer {
+    pub fn new(link: Link, config: &Config, ram: RamBlocks, shared: Arc<Shared>) -> Result<Transfer> {
         let pins = Pins::new(link.pd.clone(), config, shared.counters.clone())?;
         let blocks = ram
             .blocks()
@@ -119,7 +98,7 @@ impl Engine {
                 chunks: (0..b.chunk_count()).map(|_| ChunkState::default()).collect(),
             })
             .collect();
-        Ok(Engine {
+        Ok(Transfer {
             link,
             ram,
             shared,
@@ -130,17 +109,13 @@ impl Engine {
             lru: Lru::default(),
             remote_pinned: 0,
             to_unregister: Vec::new(),
-            staging: None,
             pending: Vec::with_capacity(MERGE_SLOTS),
             zeros: Vec::new(),
             deferred: Vec::new(),
             to_register: Vec::new(),
             registering: Vec::new(),
             requested: false,
-            inflight: VecDeque::new(),
-            inflight_bytes: 0,
-            signalled: VecDeque::new(),
-            unsignalled: (0, 0),
+            window: WriteWindow::default(),
             pacer: Pacer::new(),
             postcopy_exposed: None,
             config: config.clone(),
@@ -180,16 +155,14 @@ impl Engine {
             }
         }
         // Destroy the QP, CQ and ids, then hand every registration to the worker.
-        let Engine { link, pins, blocks, staging, postcopy_exposed, .. } = self;
+        let Transfer { link, pins, blocks, window, postcopy_exposed, .. } = self;
         drop(link);
         let chunks =
             blocks.into_iter().flat_map(|b| b.local.into_iter().chain(b.chunks.into_iter().filter_map(|c| c.local)));
         for mr in chunks {
             pins.release(mr);
         }
-        if let Some(staging) = staging {
-            staging.release(&pins);
-        }
+        window.release(&pins);
         if let Some(exposed) = postcopy_exposed {
             exposed.release(&pins);
         }
@@ -364,7 +337,8 @@ impl Engine {
         }
         // First touch of an unregistered chunk: zero runs need no registration (and holes are not read).
         let mut data = false;
-        for part in self.split_piece(p) {
+        let block = &self.ram.blocks()[p.block as usize];
+        for part in sparse::split(block, p, self.link.negotiated.extensions) {
             match part {
                 Part::Zero { offset, len } => self.queue_zero(p.block, dest_offset + offset, len)?,
                 Part::Data(d) => {
@@ -405,23 +379,15 @@ impl Engine {
             }
         };
         let remote = self.blocks[p.block as usize].remote_base + p.offset;
-        let signalled = self.unsignalled.0 + 1 >= SIGNAL_EVERY || self.unsignalled.1 + p.len >= SIGNAL_EVERY_BYTES;
+        let signalled = self.window.signals(p.len);
         // `remote` lies in the chunk (or block) the destination registered for `rkey`.
         let seq = self.link.post_write(sge, remote, rkey, signalled)?;
-        if signalled {
-            self.unsignalled = (0, 0);
-            self.signalled.push_back(seq);
-        } else {
-            self.unsignalled = (self.unsignalled.0 + 1, self.unsignalled.1 + p.len);
-        }
-        if let (true, Some(staging)) = (staged, &mut self.staging) {
-            staging.posted(seq);
+        self.window.posted(seq, p.len, signalled, staged);
+        if staged {
             Counters::add(&self.shared.counters.staged_bytes, p.len);
         } else if !self.link.negotiated.pin_all {
             self.blocks[p.block as usize].chunks[chunk_of(p.offset)].last_write = seq;
         }
-        self.inflight.push_back((seq, p.len));
-        self.inflight_bytes += p.len;
         Counters::add(&self.shared.counters.bytes_written, p.len);
         Ok(())
     }
@@ -448,20 +414,17 @@ impl Engine {
     /// the pin budget), waiting for older staged writes to complete while it
     /// is full.
     fn stage(&mut self, guest: GuestRange) -> Result<Sge> {
-        if self.staging.is_none() {
+        if !self.window.has_staging() {
             let size = self.pins.budget().map_or(STAGING, |b| (b / 4).clamp(CHUNK_SIZE, STAGING) & !(CHUNK_SIZE - 1));
             self.make_local_room(size, None)?;
-            self.staging = Some(Staging::new(&self.pins, size)?);
+            self.window.set_staging(Staging::new(&self.pins, size)?);
         }
         loop {
-            let staging = self.staging.as_mut().expect("created above");
-            if let Some(sge) = staging.stage(guest) {
-                return Ok(sge);
-            }
-            let oldest = staging.oldest().ok_or_else(|| Error::new(ErrorKind::State, "staging ring too small"))?;
-            match self.signalled.iter().find(|&&s| s >= oldest) {
-                Some(&s) => self.link.wait_write(s)?,
-                None => self.link.fence()?,
+            match self.window.stage(guest) {
+                Ok(sge) => return Ok(sge),
+                Err(None) => return Err(Error::new(ErrorKind::State, "staging ring too small")),
+                Err(Some(Wait::Write(seq))) => self.link.wait_write(seq)?,
+                Err(Some(Wait::Fence)) => self.link.fence()?,
             }
             self.retire_completed();
         }
@@ -469,31 +432,16 @@ impl Engine {
 
     /// Forgets writes known to be complete.
     pub(super) fn retire_completed(&mut self) {
-        let done = self.link.writes_completed();
-        if let Some(staging) = &mut self.staging {
-            staging.retire(done);
-        }
-        while let Some(&(seq, bytes)) = self.inflight.front() {
-            if seq > done {
-                break;
-            }
-            self.inflight.pop_front();
-            self.inflight_bytes -= bytes;
-        }
-        while self.signalled.front().is_some_and(|&s| s <= done) {
-            self.signalled.pop_front();
-        }
+        self.window.retire(self.link.writes_completed());
     }
 
     /// Waits until a write of `len` bytes fits under the in-flight limits.
     fn make_room(&mut self, len: u64) -> Result<()> {
         loop {
             self.retire_completed();
-            let fits = self.inflight.len() < MAX_INFLIGHT_WRITES && self.inflight_bytes + len <= MAX_INFLIGHT_BYTES;
-            // With no signalled write outstanding only the short unsignalled tail is in flight.
-            match self.signalled.front() {
-                Some(&seq) if !fits => self.link.wait_write(seq)?,
-                _ => return Ok(()),
+            match self.window.wait_for_room(len) {
+                Some(seq) => self.link.wait_write(seq)?,
+                None => return Ok(()),
             }
         }
     }
