@@ -4,7 +4,7 @@
 //! connection, registers chunks within the pin budget (`chunks`), posts RDMA
 //! WRITEs and sends control messages.
 
-mod chunks;
+mod chunk_table;
 pub(crate) mod front;
 mod pacing;
 mod piece;
@@ -13,6 +13,7 @@ mod sparse;
 mod staging;
 mod transfer;
 mod write_window;
+mod zeros;
 pub(crate) use registration::REGISTER_BATCH;
 
 use std::os::fd::BorrowedFd;

@@ -1,24 +1,28 @@
-//! The source's transfer thread: merges saved ranges into writes, has their
-//! chunks registered on both sides (`registration` asks the destination,
-//! `chunks` keeps the budgets), posts RDMA WRITEs within in-flight limits
-//! and sends the other control messages.
+//! The source's transfer thread: merges saved ranges into pieces, sends a
+//! chunk's zero ranges (COMPRESS) and has its data registered on both sides
+//! before its writes, posts RDMA WRITEs within the in-flight limits and the
+//! bandwidth cap, and sends the other control messages. Its parts keep the
+//! state: the chunk table (registrations and their budgets), the
+//! registrations asked of the destination, the zero queue, the write window
+//! (with the staging ring) and the pacer; this file drives them over the link.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use super::chunks::{sge_in, ChunkKey, ChunkState};
+use super::chunk_table::{ChunkKey, ChunkTable, Room};
 use super::pacing::Pacer;
 use super::piece::Piece;
-use super::registration::RUN_AHEAD;
+use super::registration::{placed, Registrations, REGISTER_BATCH, RUN_AHEAD};
 use super::sparse::{self, Part};
 use super::staging::Staging;
 use super::write_window::{Wait, WriteWindow};
+use super::zeros::ZeroQueue;
 use super::{Command, Shared};
 use crate::bitmap::for_each_run;
-use crate::engine::link::Link;
-use crate::engine::pin::{Lru, PinAll, Pins, Unregistration};
+use crate::engine::link::{protocol_error as protocol, Link};
+use crate::engine::pin::{Hint, PinAll, Pins, Unregistration};
 use crate::engine::postcopy;
 use crate::engine::ram::{chunk_of, RamBlocks};
 use crate::engine::stats::Counters;
@@ -26,7 +30,9 @@ use crate::engine::Config;
 use crate::host::{pagemap, GuestRange};
 use crate::logging;
 use crate::verbs::{Access, MemoryRegion, Sge};
-use crate::wire::{CommandType, Compress, EndSummary, CHUNK_SIZE};
+use crate::wire::{
+    BlockSpec, CommandType, DestBlock, EndSummary, RegisterRequest, RegisterResult, CHUNK_SIZE, MAX_REPEAT,
+};
 use crate::{Error, ErrorKind, Result};
 
 /// Ranges being merged at once: saves from several hypervisor threads interleave.
@@ -34,46 +40,22 @@ const MERGE_SLOTS: usize = 4;
 /// Staging ring size at most (a quarter of a smaller pin budget, at least a chunk).
 const STAGING: u64 = 8 << 20;
 
-pub(super) struct BlockState {
-    /// The destination's host address of the block start, and its offset in its RAM address space.
-    pub remote_base: u64,
-    pub dest_offset: u64,
-    /// Pin-all: whole-block keys on both sides.
-    pub remote_rkey: Option<u32>,
-    pub local: Option<MemoryRegion>,
-    pub chunks: Vec<ChunkState>,
-}
-
 pub(super) struct Transfer {
-    pub link: Link,
-    pub ram: RamBlocks,
-    pub shared: Arc<Shared>,
-    pub blocks: Vec<BlockState>,
-    pub blocks_exchanged: bool,
-    pub pins: Pins,
+    link: Link,
+    ram: RamBlocks,
+    shared: Arc<Shared>,
+    blocks_exchanged: bool,
+    pins: Pins,
     /// Pin-all registrations under way (started at connect).
-    pub pin_all: Option<PinAll>,
-    /// Pinned chunks in the order they are unpinned.
-    pub lru: Lru<ChunkKey>,
-    /// Bytes of chunks registered on the destination (held to the budget it
-    /// announced, `link.peer_pin_budget`).
-    pub remote_pinned: u64,
-    /// Chunks unpinned whose destination registration is still to be released.
-    pub to_unregister: Vec<ChunkKey>,
+    pin_all: Option<PinAll>,
+    /// The chunks and their registrations on both sides.
+    chunks: ChunkTable,
     /// Ranges still growing by merging with the next saves, oldest first.
     pending: Vec<Piece>,
     /// Zero ranges for the next COMPRESS messages.
-    pub zeros: Vec<Compress>,
-    /// Writes waiting for their chunk's registration, in arrival order.
-    pub deferred: Vec<Piece>,
-    /// Chunks to ask the destination for in the next REGISTER_REQUEST.
-    pub to_register: Vec<ChunkKey>,
-    /// What the REGISTER_REQUEST whose response is still to come asked for
-    /// (the link holds the request: `Link::request_pending`): one entry per
-    /// registration, a first chunk and how many chunks from it.
-    pub registering: Vec<(ChunkKey, usize)>,
-    /// A REGISTER_REQUEST was sent (the first is smaller: `register_ahead`).
-    pub requested: bool,
+    zeros: ZeroQueue,
+    /// Chunks asked of the destination, and the writes waiting for them.
+    registrations: Registrations,
     /// Posted writes not known to be complete, and the staging ring.
     window: WriteWindow,
     pacer: Pacer,
@@ -87,34 +69,19 @@ pub(super) struct Transfer {
 impl Transfer {
     pub fn new(link: Link, config: &Config, ram: RamBlocks, shared: Arc<Shared>) -> Result<Transfer> {
         let pins = Pins::new(link.pd.clone(), config, shared.counters.clone())?;
-        let blocks = ram
-            .blocks()
-            .iter()
-            .map(|b| BlockState {
-                remote_base: 0,
-                dest_offset: 0,
-                remote_rkey: None,
-                local: None,
-                chunks: (0..b.chunk_count()).map(|_| ChunkState::default()).collect(),
-            })
-            .collect();
+        let extensions = link.negotiated.extensions;
+        let budgeted = pins.budget().is_some() || link.peer_pin_budget.is_some();
         Ok(Transfer {
+            chunks: ChunkTable::new(&ram, extensions, budgeted),
             link,
             ram,
             shared,
-            blocks,
             blocks_exchanged: false,
             pins,
             pin_all: None,
-            lru: Lru::default(),
-            remote_pinned: 0,
-            to_unregister: Vec::new(),
             pending: Vec::with_capacity(MERGE_SLOTS),
-            zeros: Vec::new(),
-            deferred: Vec::new(),
-            to_register: Vec::new(),
-            registering: Vec::new(),
-            requested: false,
+            zeros: ZeroQueue::new(extensions),
+            registrations: Registrations::default(),
             window: WriteWindow::default(),
             pacer: Pacer::new(),
             postcopy_exposed: None,
@@ -155,11 +122,9 @@ impl Transfer {
             }
         }
         // Destroy the QP, CQ and ids, then hand every registration to the worker.
-        let Transfer { link, pins, blocks, window, postcopy_exposed, .. } = self;
+        let Transfer { link, pins, chunks, window, postcopy_exposed, .. } = self;
         drop(link);
-        let chunks =
-            blocks.into_iter().flat_map(|b| b.local.into_iter().chain(b.chunks.into_iter().filter_map(|c| c.local)));
-        for mr in chunks {
+        for mr in chunks.into_registrations() {
             pins.release(mr);
         }
         window.release(&pins);
@@ -237,7 +202,7 @@ impl Transfer {
                 Ok(())
             }
             Command::Hint { block, offset, len, hint } => {
-                self.hint(block, offset, len, hint);
+                self.chunks.hint(block, offset, len, hint);
                 Ok(())
             }
             Command::Sync(done) => {
@@ -326,13 +291,13 @@ impl Transfer {
             return self.write(p);
         }
         let chunk = chunk_of(p.offset);
-        let dest_offset = self.blocks[p.block as usize].dest_offset;
-        let state = &self.blocks[p.block as usize].chunks[chunk];
+        let dest_offset = self.chunks.blocks[p.block as usize].dest_offset;
+        let state = self.chunks.of(&p);
         if state.remote_rkey.is_some() {
             return self.write(p);
         }
         if state.awaiting {
-            self.deferred.push(p);
+            self.registrations.deferred.push(p);
             return Ok(());
         }
         // First touch of an unregistered chunk: zero runs need no registration (and holes are not read).
@@ -343,18 +308,19 @@ impl Transfer {
                 Part::Zero { offset, len } => self.queue_zero(p.block, dest_offset + offset, len)?,
                 Part::Data(d) => {
                     data = true;
-                    self.deferred.push(d);
+                    self.registrations.deferred.push(d);
                 }
             }
         }
         if !data {
             return Ok(());
         }
-        self.blocks[p.block as usize].chunks[chunk].awaiting = true;
-        self.to_register.push((p.block, chunk));
-        if !self.link.request_pending() && self.to_register.len() >= self.register_ahead() {
+        self.chunks.of(&p).awaiting = true;
+        self.registrations.to_register.push((p.block, chunk));
+        let waiting = self.registrations.to_register.len();
+        if !self.link.request_pending() && waiting >= self.registrations.ahead(self.register_batch()) {
             self.begin_registration()?;
-        } else if self.to_register.len() >= RUN_AHEAD {
+        } else if waiting >= RUN_AHEAD {
             self.poll_registration(true)?;
         }
         Ok(())
@@ -362,10 +328,10 @@ impl Transfer {
 
     /// Posts one RDMA WRITE, registering the local chunk if needed (or
     /// staging its bytes when the chunk is not to be pinned).
-    pub(super) fn write(&mut self, p: Piece) -> Result<()> {
+    fn write(&mut self, p: Piece) -> Result<()> {
         self.pace(p.len)?;
         self.make_room(p.len)?;
-        let state = &self.blocks[p.block as usize];
+        let state = &self.chunks.blocks[p.block as usize];
         let guest = self.ram.blocks()[p.block as usize].range(p.offset, p.len);
         let (sge, rkey, staged) = if let (Some(mr), Some(rkey)) = (&state.local, state.remote_rkey) {
             (sge_in(mr, guest)?, rkey, false)
@@ -378,7 +344,7 @@ impl Transfer {
                 None => (self.stage(guest)?, rkey, true),
             }
         };
-        let remote = self.blocks[p.block as usize].remote_base + p.offset;
+        let remote = self.chunks.blocks[p.block as usize].remote_base + p.offset;
         let signalled = self.window.signals(p.len);
         // `remote` lies in the chunk (or block) the destination registered for `rkey`.
         let seq = self.link.post_write(sge, remote, rkey, signalled)?;
@@ -386,7 +352,7 @@ impl Transfer {
         if staged {
             Counters::add(&self.shared.counters.staged_bytes, p.len);
         } else if !self.link.negotiated.pin_all {
-            self.blocks[p.block as usize].chunks[chunk_of(p.offset)].last_write = seq;
+            self.chunks.of(&p).last_write = seq;
         }
         Counters::add(&self.shared.counters.bytes_written, p.len);
         Ok(())
@@ -431,7 +397,7 @@ impl Transfer {
     }
 
     /// Forgets writes known to be complete.
-    pub(super) fn retire_completed(&mut self) {
+    fn retire_completed(&mut self) {
         self.window.retire(self.link.writes_completed());
     }
 
@@ -445,4 +411,351 @@ impl Transfer {
             }
         }
     }
+
+    /// Chunks per REGISTER_REQUEST: QEMU serves one per message; otherwise
+    /// up to `chunks_per_response`.
+    fn register_batch(&self) -> usize {
+        if !self.link.negotiated.extensions {
+            return 1;
+        }
+        self.chunks_per_response()
+    }
+
+    /// Chunks one REGISTER response may cover (one batch toward an rdmamig
+    /// peer, one run of consecutive chunks toward QEMU): up to half of the
+    /// smaller budget. The chunks of a response cannot be unpinned until the
+    /// writes it allows are posted, and those writes pin their chunks here:
+    /// with more than the budget in one response the last of them would find
+    /// nothing to unpin. Half, so that a batch never has to unpin the chunks
+    /// of the batch before it.
+    fn chunks_per_response(&self) -> usize {
+        let budget = match (self.pins.budget(), self.link.peer_pin_budget) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(u64::MAX),
+        };
+        (budget / CHUNK_SIZE / 2).clamp(1, REGISTER_BATCH as u64) as usize
+    }
+
+    /// The entry for a write of `p` (`guest`, dynamic registration): in the
+    /// chunk's local MR, registered now if it has none; `None` when pinning
+    /// the chunk would copy pages (write through the staging ring instead).
+    ///
+    /// A chunk is only pinned when it holds no page that the pin would
+    /// allocate or copy (never touched, the shared zero page, shared by KSM
+    /// or a fork: `pin_would_copy`), without write access, as QEMU's source
+    /// does; the check is made again in each iteration window (the guest may
+    /// have filled the chunk meanwhile).
+    fn local_sge(&mut self, p: &Piece, guest: GuestRange) -> Result<Option<Sge>> {
+        let key = (p.block, chunk_of(p.offset));
+        let window = self.shared.counters.iterations.load(Ordering::Relaxed);
+        let state = self.chunks.chunk(key);
+        if state.local.is_none() && state.staged_in != Some(window) {
+            let block = &self.ram.blocks()[p.block as usize];
+            let (start, end) = block.chunk_range(key.1);
+            let chunk = block.range(start, end - start);
+            if chunk.pin_would_copy() {
+                self.chunks.chunk(key).staged_in = Some(window);
+            } else {
+                let mr = self.pin_chunk(key, chunk)?;
+                self.chunks.chunk(key).local = Some(mr);
+            }
+        }
+        self.chunks.used(key);
+        self.chunks.chunk(key).local.as_ref().map(|mr| sge_in(mr, guest)).transpose()
+    }
+
+    /// Registers chunk `key` (`chunk` of guest RAM) read-only within the budget.
+    fn pin_chunk(&mut self, key: ChunkKey, chunk: GuestRange) -> Result<MemoryRegion> {
+        self.make_local_room(chunk.len(), Some(key))?;
+        match self.pins.register_guest(&chunk, Access::empty()) {
+            Err(e) if e.kind == ErrorKind::PinBudget => {
+                // The kernel counts more than we do (another connection, mlock): unpin one more.
+                self.pins.retried();
+                if let Some((victim, hint)) = self.chunks.victim(Room::Retry { except: key }) {
+                    self.unpin(victim, hint)?;
+                }
+                self.pins.settle();
+                self.pins.register_guest(&chunk, Access::empty())
+            }
+            r => r,
+        }
+    }
+
+    /// Unpins until `len` more bytes fit this side's budget (`except` stays).
+    fn make_local_room(&mut self, len: u64, except: Option<ChunkKey>) -> Result<()> {
+        while !self.pins.fits_after_release(len) {
+            match self.chunks.victim(Room::Local { except }) {
+                Some((k, hint)) => self.unpin(k, hint)?,
+                None => return Err(self.pins.over_budget(len)),
+            }
+        }
+        self.pins.settle_for(len);
+        Ok(())
+    }
+
+    /// Unpins until `bytes` more fit the destination's announced budget,
+    /// and tells the destination before it is asked for more.
+    fn make_remote_room(&mut self, bytes: u64) -> Result<()> {
+        if let Some(budget) = self.link.peer_pin_budget {
+            while self.chunks.remote_pinned() + bytes > budget {
+                match self.chunks.victim(Room::Remote) {
+                    Some((k, hint)) => self.unpin(k, hint)?,
+                    None => {
+                        return Err(Error::new(
+                            ErrorKind::PinBudget,
+                            format!(
+                                "{bytes} more bytes do not fit the destination's pin budget of {budget} bytes \
+                                 with {} registered there",
+                                self.chunks.remote_pinned()
+                            ),
+                        ))
+                    }
+                }
+            }
+        }
+        self.flush_unregister()
+    }
+
+    /// Drops chunk `key`'s registrations (`ChunkTable::unpin`): the local MR
+    /// once no posted write still reads from it.
+    fn unpin(&mut self, key: ChunkKey, hint: Hint) -> Result<()> {
+        let unpinned = self.chunks.unpin(key, hint, &self.shared.counters);
+        if let Some(mr) = unpinned.local {
+            if unpinned.last_write > self.link.writes_completed() {
+                self.link.fence()?;
+            }
+            self.pins.release(mr);
+        }
+        Ok(())
+    }
+
+    /// UNREGISTER_REQUEST for the chunks unpinned since the last one. The
+    /// destination takes it after every write posted before it (RC order),
+    /// so those writes need not have completed here.
+    fn flush_unregister(&mut self) -> Result<()> {
+        let requests: Vec<RegisterRequest> = self
+            .chunks
+            .take_unregister()
+            .into_iter()
+            .map(|(b, c)| RegisterRequest { key: c as u64, block_index: b, chunks: 0 })
+            .collect();
+        for batch in requests.chunks(REGISTER_BATCH.min(MAX_REPEAT as usize)) {
+            self.link.request(
+                CommandType::UnregisterRequest,
+                |w| batch.iter().try_for_each(|r| w.push(r)),
+                CommandType::UnregisterFinished,
+                |_| Ok(()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// RAM_BLOCKS_REQUEST/RESULT, once, before the first RAM goes out.
+    fn exchange_blocks(&mut self) -> Result<()> {
+        if self.blocks_exchanged {
+            return Ok(());
+        }
+        self.blocks_exchanged = true;
+        let pin_all = self.link.negotiated.pin_all;
+        if let Some(job) = self.pin_all.take() {
+            for (mr, state) in job.wait(&self.link.stop)?.into_iter().zip(&mut self.chunks.blocks) {
+                state.local = Some(mr);
+            }
+        }
+        let specs: Vec<BlockSpec> = if self.link.negotiated.extensions {
+            self.ram
+                .blocks()
+                .iter()
+                .map(|b| BlockSpec::new(&b.name, b.length))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        // With pin-all the destination registers everything before it answers:
+        // no network wait's timeout then, liveness bounds it.
+        let deadline = (!pin_all).then(|| Instant::now() + self.link.timeout);
+        let theirs: Vec<DestBlock> = self.link.request_by(
+            deadline,
+            CommandType::RamBlocksRequest,
+            |w| specs.iter().try_for_each(|s| w.push(s)),
+            CommandType::RamBlocksResult,
+            |m| m.collect_entries::<DestBlock>().map_err(protocol),
+        )?;
+        // With pin-all the exchange registers every block: the registration round trip.
+        if pin_all {
+            Counters::add(&self.shared.counters.registration_round_trips, 1);
+        }
+        if theirs.len() != self.ram.len() {
+            return Err(Error::new(
+                ErrorKind::BlockMismatch,
+                format!("RAM blocks mismatch: {} here, {} on the destination", self.ram.len(), theirs.len()),
+            ));
+        }
+        for ((ours, dest), state) in self.ram.blocks().iter().zip(&theirs).zip(&mut self.chunks.blocks) {
+            if ours.length != dest.length {
+                return Err(Error::new(
+                    ErrorKind::BlockMismatch,
+                    format!(
+                        "block '{}' has length {:#x} here and {:#x} on the destination",
+                        ours.name, ours.length, dest.length
+                    ),
+                ));
+            }
+            state.remote_base = placed(ours, "address", dest.remote_host_addr)?;
+            state.dest_offset = placed(ours, "offset", dest.offset)?;
+            if pin_all {
+                state.remote_rkey = Some(dest.remote_rkey);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a zero range (`offset` in the destination's RAM address space) to
+    /// the next COMPRESS. Sent before any write of its chunk: once a message
+    /// is full, or (while a REGISTER response is still to come and the
+    /// control channel is busy) before the next request.
+    fn queue_zero(&mut self, block: u32, offset: u64, len: u64) -> Result<()> {
+        self.zeros.push(block, offset, len);
+        let full = self.zeros.len() >= self.zeros.batch();
+        if full && !self.link.request_pending() || self.zeros.len() >= RUN_AHEAD {
+            self.send_zeros()?;
+        }
+        Ok(())
+    }
+
+    /// Sends the batched zero ranges as COMPRESS messages.
+    fn send_zeros(&mut self) -> Result<()> {
+        if self.zeros.is_empty() {
+            return Ok(());
+        }
+        self.settle_registration()?;
+        for message in self.zeros.take_messages() {
+            self.link.post_message(CommandType::Compress, |w| message.iter().try_for_each(|z| w.push(z)))?;
+            Counters::add(&self.shared.counters.zero_chunks, message.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Registers every awaited chunk on the destination and posts their
+    /// writes, waiting for each response; sends the batched zero ranges
+    /// (those of chunks first touched after the last request went out, too:
+    /// a window must not end without them).
+    fn register_deferred(&mut self) -> Result<()> {
+        loop {
+            self.settle_registration()?;
+            if self.registrations.to_register.is_empty() {
+                return self.send_zeros();
+            }
+            self.begin_registration()?;
+        }
+    }
+
+    /// Waits for the outstanding REGISTER response (and any that taking it
+    /// begins), so that another control message may go.
+    fn settle_registration(&mut self) -> Result<()> {
+        while self.link.request_pending() {
+            self.poll_registration(true)?;
+        }
+        Ok(())
+    }
+
+    /// Asks the destination to register the next batch of awaited chunks
+    /// (one per request toward QEMU) without waiting for its answer: writes
+    /// to registered chunks go on meanwhile. Batched zero ranges go first:
+    /// a chunk's COMPRESS must precede its writes.
+    fn begin_registration(&mut self) -> Result<()> {
+        self.send_zeros()?;
+        let (batch, per_response) = (self.register_batch(), self.chunks_per_response());
+        let registrations = self.registrations.next(self.link.negotiated.extensions, batch, per_response);
+        if registrations.is_empty() {
+            return Ok(());
+        }
+        let blocks = self.ram.blocks();
+        let bytes = registrations
+            .iter()
+            .map(|&((b, c), n)| {
+                let block = &blocks[b as usize];
+                block.chunk_range(c + n - 1).1 - block.chunk_range(c).0
+            })
+            .sum();
+        self.make_remote_room(bytes)?;
+        let requests: Vec<RegisterRequest> = registrations
+            .iter()
+            .map(|&((b, c), n)| RegisterRequest {
+                key: self.chunks.blocks[b as usize].dest_offset + self.ram.blocks()[b as usize].chunk_range(c).0,
+                block_index: b,
+                chunks: n as u64 - 1,
+            })
+            .collect();
+        self.link.begin_request(
+            CommandType::RegisterRequest,
+            |w| requests.iter().try_for_each(|r| w.push(r)),
+            CommandType::RegisterResult,
+        )?;
+        self.registrations.requested(registrations);
+        Ok(())
+    }
+
+    /// Takes the outstanding REGISTER response if it has come (`wait`: waits
+    /// for it), begins the next request, and posts the writes it allows;
+    /// returns whether it took one.
+    fn poll_registration(&mut self, wait: bool) -> Result<bool> {
+        if !self.link.request_pending() {
+            return Ok(false);
+        }
+        let parse = |m: &crate::wire::Message| m.collect_entries::<RegisterResult>().map_err(protocol);
+        let results = if wait {
+            self.link.finish_request(parse)?
+        } else {
+            match self.link.poll_response(parse)? {
+                Some(r) => r,
+                None => return Ok(false),
+            }
+        };
+        let registrations = std::mem::take(&mut self.registrations.registering);
+        if results.len() != registrations.len() {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "asked to register {} runs of chunks, the destination answered {}",
+                    registrations.len(),
+                    results.len()
+                ),
+            ));
+        }
+        self.retire_completed();
+        let chunks: Vec<ChunkKey> =
+            registrations.iter().flat_map(|&((b, c), n)| (c..c + n).map(move |c| (b, c))).collect();
+        Counters::add(&self.shared.counters.registration_round_trips, 1);
+        Counters::add(&self.shared.counters.chunks_registered, chunks.len() as u64);
+        for (&((b, c), n), r) in registrations.iter().zip(&results) {
+            self.chunks.blocks[b as usize].remote_base =
+                placed(&self.ram.blocks()[b as usize], "address", r.host_addr)?;
+            for c in c..c + n {
+                self.chunks.registered_remotely((b, c), r.rkey);
+            }
+        }
+        // The next request goes out before these writes, so the destination
+        // registers while they stream: a full one, or what is waiting once no
+        // save is queued (nothing more would come before the link runs dry).
+        let waiting = self.registrations.to_register.len();
+        let nothing_queued = waiting > 0 && self.shared.front.is_empty();
+        if waiting >= self.registrations.ahead(self.register_batch()) || nothing_queued {
+            self.begin_registration()?;
+        }
+        for p in self.registrations.take_ready(&mut self.chunks) {
+            self.write(p)?;
+        }
+        for &key in &chunks {
+            self.chunks.chunk(key).awaiting = false;
+        }
+        Ok(true)
+    }
+}
+
+/// The entry for `guest` in `mr`, the registration that covers it.
+fn sge_in(mr: &MemoryRegion, guest: GuestRange) -> Result<Sge> {
+    mr.sge_at(guest.addr(), guest.len() as u32)
+        .ok_or_else(|| Error::new(ErrorKind::State, format!("{guest:?} is not inside its registration {mr:?}")))
 }
