@@ -24,7 +24,8 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::{Command, SaveRange};
+use super::command::Command;
+use super::save_range::SaveRange;
 use crate::engine::ram::RamBlocks;
 use crate::engine::sync::StickyError;
 use crate::{Error, ErrorKind, Result};

@@ -12,14 +12,15 @@ use std::thread;
 use std::time::Instant;
 
 use super::chunk_table::{ChunkKey, ChunkTable, Room};
+use super::command::Command;
 use super::pacing::Pacer;
 use super::piece::Piece;
 use super::registration::{placed, Registrations, REGISTER_BATCH, RUN_AHEAD};
+use super::shared::Shared;
 use super::sparse::{self, Part};
 use super::staging::Staging;
 use super::write_window::{Wait, WriteWindow};
 use super::zeros::ZeroQueue;
-use super::{Command, Shared};
 use crate::bitmap::for_each_run;
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::pin::{Hint, PinAll, Pins, Unregistration};
