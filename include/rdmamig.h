@@ -141,7 +141,12 @@ enum rdmamig_status
    */
   RDMAMIG_ERR_VERBS = 5,
   /**
-   * Address/route resolution or connection establishment failed.
+   * Address/route resolution or connection establishment failed; among
+   * others, nothing listens at the address and port yet (the message says
+   * "no listener on ..."). A source started before its destination
+   * listens may call `rdmamig_connect` again until a deadline of its own,
+   * or wait for word from the destination's side that
+   * `rdmamig_listener_new` returned.
    */
   RDMAMIG_ERR_CONNECT = 6,
   /**

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-pub(crate) use budget::{cgroup_memory_limit, has_ipc_lock, memlock_rlimit};
+pub(crate) use budget::{cgroup_memory_limit, has_ipc_lock, is_pin_refusal, memlock_advice, memlock_rlimit};
 pub use lru::{Hint, Lru};
 pub(crate) use pin_all::PinAll;
 pub use sharing::pin_would_copy;
@@ -82,7 +82,7 @@ pub fn budget_for(config: &Config) -> Option<u64> {
 /// The error for a failed registration of `len` bytes: `PinBudget` when the
 /// kernel refused to pin (ENOMEM, EPERM: RLIMIT_MEMLOCK), else the verbs error.
 fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
-    if e.errno != libc::ENOMEM && e.errno != libc::EPERM {
+    if !is_pin_refusal(&e) {
         return e.into();
     }
     logging::warn(format_args!(
@@ -91,8 +91,8 @@ fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
     Error::new(
         ErrorKind::PinBudget,
         format!(
-            "the kernel refused to pin {len} more bytes ({e}) with {pinned} pinned: raise `ulimit -l` \
-             (RLIMIT_MEMLOCK) or lower the pin budget"
+            "the kernel refused to pin {len} more bytes ({e}) with {pinned} pinned: {}; or lower the pin budget",
+            memlock_advice()
         ),
     )
 }
