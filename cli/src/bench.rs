@@ -294,19 +294,22 @@ fn run_round(
         let secs = start.elapsed().as_secs_f64();
         bar.set_message(format!("{:6.2} Gbit/s  {:>8} dirty pages", gbits(sent, secs), dirty.count()));
     };
-    let result = std::thread::scope(|s| {
-        s.spawn(|| {
+    let (result, secs) = std::thread::scope(|s| {
+        let updater = s.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 update(&bar);
-                std::thread::sleep(TICK);
+                std::thread::park_timeout(TICK);
             }
         });
         let r = save(source).and_then(|()| source.iteration_end());
+        let secs = start.elapsed().as_secs_f64();
+        // Woken, not waited out: up to a TICK's sleep would join the round's
+        // time, and in the final round the guest's downtime.
         done.store(true, Ordering::Relaxed);
-        r
+        updater.thread().unpark();
+        (r, secs)
     });
     result.map_err(|e| format!("round {round}: {}", said(&e)))?;
-    let secs = start.elapsed().as_secs_f64();
     let sent = source.stats().bytes_written - before;
     update(&bar);
     bar.finish();
