@@ -5,7 +5,7 @@
 #      and, for the test-only ones, capi/c-tests/rdmamig_testing.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
 #   4. every exported symbol carries a version node of capi/abi/rdmamig.map
-#      (today: RDMAMIG_0.1 to RDMAMIG_0.12), none is unversioned.
+#      (today: RDMAMIG_0.1 to RDMAMIG_0.13), none is unversioned.
 #
 # Usage: scripts/check-abi.sh [LIB]         (default: target/lib/librdmamig.so.<version>)
 #        scripts/check-abi.sh --list [LIB]  print the exported symbols (make symbols)

@@ -12,7 +12,11 @@ pub enum ErrorKind {
     NoDevice,
     /// A verbs or rdma_cm call failed.
     Verbs,
-    /// Address/route resolution or connection establishment failed.
+    /// Address/route resolution or connection establishment failed; among
+    /// others, nothing listens at the address and port yet ("no listener on
+    /// ..."): a source started before its destination listens may retry
+    /// until a deadline of its own, or wait for word from the destination's
+    /// side that its listener is up.
     Connect,
     /// The peer speaks another protocol version.
     Version,

@@ -62,6 +62,14 @@ static void test_status(void) {
         }
     }
     CHECK(n == RDMAMIG_ERR_WOULD_BLOCK + 1);
+
+    /* Success is three values; everything else is an error, unknown values included. */
+    for (uint32_t s = 0; s < 64; s++) {
+        bool success = s == RDMAMIG_OK || s == RDMAMIG_END_COMPLETED || s == RDMAMIG_END_UNVERIFIED;
+        CHECK(rdmamig_status_is_error(s) == !success);
+    }
+    CHECK(rdmamig_status_is_error(RDMAMIG_ERR_WOULD_BLOCK));
+    CHECK(rdmamig_status_is_error(UINT32_MAX));
 }
 
 static void test_null_and_config(void) {

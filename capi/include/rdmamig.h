@@ -3,7 +3,9 @@
  * SPDX-License-Identifier: MIT OR Apache-2.0
  *
  * Conventions (docs/c-api.md, "Conventions"):
- * - fallible calls return rdmamig_status; RDMAMIG_OK (0) is success;
+ * - fallible calls return rdmamig_status; RDMAMIG_OK (0) is success, and so are
+ *   RDMAMIG_END_COMPLETED and RDMAMIG_END_UNVERIFIED (how a migration ended):
+ *   test with rdmamig_status_is_error(), not with != RDMAMIG_OK;
  * - handles are created by rdmamig_<noun>_new and released by rdmamig_<noun>_free;
  *   _free(NULL) is a no-op;
  * - a NULL where a pointer is required gives RDMAMIG_ERR_NULL_PARAMETER;
@@ -24,7 +26,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 12
+#define RDMAMIG_VERSION_MINOR 13
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -95,7 +97,10 @@
  * `RDMAMIG_END_COMPLETED` and `RDMAMIG_END_UNVERIFIED` say how a migration
  * connection ended without failing (`rdmamig_conn_get`,
  * `rdmamig_conn_wait_end`, `rdmamig_conn_close`); every other value is an
- * error.
+ * error. So success is not only `RDMAMIG_OK`: a check written as
+ * `status != RDMAMIG_OK` takes a completed migration for a failure. Test
+ * with `rdmamig_status_is_error(status)` (since 0.13), which is false for
+ * exactly those three values.
  *
  * The values are part of the ABI: each is fixed forever, and a value that is
  * retired is never reused for another meaning. New values are only ever added
@@ -136,7 +141,12 @@ enum rdmamig_status
    */
   RDMAMIG_ERR_VERBS = 5,
   /**
-   * Address/route resolution or connection establishment failed.
+   * Address/route resolution or connection establishment failed; among
+   * others, nothing listens at the address and port yet (the message says
+   * "no listener on ..."). A source started before its destination
+   * listens may call `rdmamig_connect` again until a deadline of its own,
+   * or wait for word from the destination's side that
+   * `rdmamig_listener_new` returned.
    */
   RDMAMIG_ERR_CONNECT = 6,
   /**
@@ -2225,6 +2235,17 @@ const char *rdmamig_version(void);
  * static: never free it. Thread-safe.
  */
 const char *rdmamig_status_str(uint32_t status);
+
+/**
+ * Whether `status` reports a failure: false for `RDMAMIG_OK`,
+ * `RDMAMIG_END_COMPLETED` and `RDMAMIG_END_UNVERIFIED` (a migration that
+ * ended without failing), true for every other value, unknown ones included.
+ *
+ * `RDMAMIG_ERR_WOULD_BLOCK` counts as an error here, as EAGAIN does in
+ * POSIX: the call did nothing. A caller that passed `RDMAMIG_NO_WAIT`
+ * checks for it first. Thread-safe. Since 0.13 (node `RDMAMIG_0.13`).
+ */
+bool rdmamig_status_is_error(uint32_t status);
 
 /**
  * Panics on purpose inside the panic boundary and so returns

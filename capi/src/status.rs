@@ -8,7 +8,10 @@ use std::ffi::CStr;
 /// `RDMAMIG_END_COMPLETED` and `RDMAMIG_END_UNVERIFIED` say how a migration
 /// connection ended without failing (`rdmamig_conn_get`,
 /// `rdmamig_conn_wait_end`, `rdmamig_conn_close`); every other value is an
-/// error.
+/// error. So success is not only `RDMAMIG_OK`: a check written as
+/// `status != RDMAMIG_OK` takes a completed migration for a failure. Test
+/// with `rdmamig_status_is_error(status)` (since 0.13), which is false for
+/// exactly those three values.
 ///
 /// The values are part of the ABI: each is fixed forever, and a value that is
 /// retired is never reused for another meaning. New values are only ever added
@@ -34,7 +37,12 @@ pub enum rdmamig_status {
     RDMAMIG_ERR_NO_DEVICE = 4,
     /// A verbs or rdma_cm call failed.
     RDMAMIG_ERR_VERBS = 5,
-    /// Address/route resolution or connection establishment failed.
+    /// Address/route resolution or connection establishment failed; among
+    /// others, nothing listens at the address and port yet (the message says
+    /// "no listener on ..."). A source started before its destination
+    /// listens may call `rdmamig_connect` again until a deadline of its own,
+    /// or wait for word from the destination's side that
+    /// `rdmamig_listener_new` returned.
     RDMAMIG_ERR_CONNECT = 6,
     /// The peer speaks another protocol version.
     RDMAMIG_ERR_VERSION = 7,
@@ -118,6 +126,13 @@ impl rdmamig_status {
     /// functions taking a status take a `u32`.
     pub fn from_u32(v: u32) -> Option<Self> {
         Self::ALL.iter().copied().find(|s| *s as u32 == v)
+    }
+
+    /// Whether this is an error: every value but `RDMAMIG_OK` and the two
+    /// endings that do not fail (what `rdmamig_status_is_error` returns).
+    pub fn is_error(self) -> bool {
+        use rdmamig_status::*;
+        !matches!(self, RDMAMIG_OK | RDMAMIG_END_COMPLETED | RDMAMIG_END_UNVERIFIED)
     }
 
     /// A short, static, lower-case description (what `rdmamig_status_str` returns).
@@ -242,6 +257,14 @@ mod tests {
     }
 
     #[test]
+    fn success_is_ok_and_the_two_endings() {
+        use rdmamig_status::*;
+        let successes: Vec<_> = rdmamig_status::ALL.into_iter().filter(|s| !s.is_error()).collect();
+        assert_eq!(successes, [RDMAMIG_OK, RDMAMIG_END_COMPLETED, RDMAMIG_END_UNVERIFIED]);
+        assert!(RDMAMIG_ERR_WOULD_BLOCK.is_error(), "nothing was done: the caller checks for it first");
+    }
+
+    #[test]
     fn every_error_kind_maps_to_an_error() {
         use ErrorKind::*;
         let kinds = [
@@ -265,7 +288,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for k in kinds {
             let s = rdmamig_status::from(k);
-            assert_ne!(s, rdmamig_status::RDMAMIG_OK);
+            assert!(s.is_error(), "{k:?}");
             assert!(seen.insert(s), "{k:?} shares a status");
         }
         let ok: rdmamig::Result<()> = Ok(());

@@ -32,6 +32,20 @@ pub extern "C" fn rdmamig_status_str(status: u32) -> *const c_char {
     }
 }
 
+/// Whether `status` reports a failure: false for `RDMAMIG_OK`,
+/// `RDMAMIG_END_COMPLETED` and `RDMAMIG_END_UNVERIFIED` (a migration that
+/// ended without failing), true for every other value, unknown ones included.
+///
+/// `RDMAMIG_ERR_WOULD_BLOCK` counts as an error here, as EAGAIN does in
+/// POSIX: the call did nothing. A caller that passed `RDMAMIG_NO_WAIT`
+/// checks for it first. Thread-safe. Since 0.13 (node `RDMAMIG_0.13`).
+#[no_mangle]
+pub extern "C" fn rdmamig_status_is_error(status: u32) -> bool {
+    ffi_boundary! {
+        rdmamig_status::from_u32(status).is_none_or(rdmamig_status::is_error)
+    }
+}
+
 /// Panics on purpose inside the panic boundary and so returns
 /// `RDMAMIG_ERR_PANIC`.
 ///

@@ -33,6 +33,18 @@ pub const DEFAULT_PORT: u16 = 4444;
 pub(crate) const PAGE: u64 = 4096;
 /// How often the progress bars are redrawn.
 const TICK: Duration = Duration::from_millis(100);
+/// A library error as this program says it: the message (the library's
+/// `Display` starts with its enum's name, which means nothing to a user),
+/// and for a missing device where to look.
+fn said(e: &rdmamig::Error) -> String {
+    match e.kind {
+        rdmamig::ErrorKind::NoDevice => {
+            format!("no RDMA device is usable here ({}); `rdmamig doctor` lists what there is", e.message)
+        }
+        _ => e.message.clone(),
+    }
+}
+
 /// The first line of the migration stream: what the source migrates.
 const HELLO: &str = "rdmamig-bench 1";
 /// Bytes read from a key file at most: more than any key has.
@@ -173,7 +185,7 @@ impl Ram {
         let mut r = RamBlocks::new();
         // SAFETY: the mapping outlives every connection using the registry
         // (each is closed before the Ram drops).
-        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64) }.map_err(|e| e.to_string())?;
+        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64) }.map_err(|e| said(&e))?;
         Ok(r)
     }
 }
@@ -273,7 +285,7 @@ fn run_round(
     let bar = round_bar(show, round, final_round, bytes);
     let before = source.stats().bytes_written;
     let start = Instant::now();
-    source.iteration_begin().map_err(|e| format!("round {round}: iteration_begin: {e}"))?;
+    source.iteration_begin().map_err(|e| format!("round {round}: iteration_begin: {}", said(&e)))?;
     let source = &*source;
     let done = AtomicBool::new(false);
     let update = |bar: &ProgressBar| {
@@ -282,19 +294,22 @@ fn run_round(
         let secs = start.elapsed().as_secs_f64();
         bar.set_message(format!("{:6.2} Gbit/s  {:>8} dirty pages", gbits(sent, secs), dirty.count()));
     };
-    let result = std::thread::scope(|s| {
-        s.spawn(|| {
+    let (result, secs) = std::thread::scope(|s| {
+        let updater = s.spawn(|| {
             while !done.load(Ordering::Relaxed) {
                 update(&bar);
-                std::thread::sleep(TICK);
+                std::thread::park_timeout(TICK);
             }
         });
         let r = save(source).and_then(|()| source.iteration_end());
+        let secs = start.elapsed().as_secs_f64();
+        // Woken, not waited out: up to a TICK's sleep would join the round's
+        // time, and in the final round the guest's downtime.
         done.store(true, Ordering::Relaxed);
-        r
+        updater.thread().unpark();
+        (r, secs)
     });
-    result.map_err(|e| format!("round {round}: {e}"))?;
-    let secs = start.elapsed().as_secs_f64();
+    result.map_err(|e| format!("round {round}: {}", said(&e)))?;
     let sent = source.stats().bytes_written - before;
     update(&bar);
     bar.finish();
@@ -332,12 +347,12 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
     }
 
     let start = Instant::now();
-    let mut source = Source::connect(&host, port, &config, &registry).map_err(|e| format!("connect: {e}"))?;
+    let mut source = Source::connect(&host, port, &config, &registry).map_err(|e| format!("connect: {}", said(&e)))?;
     let connect_secs = start.elapsed().as_secs_f64();
     let negotiated = source.negotiated();
     source
         .put(format!("{HELLO} size={} seed={}\n", args.size, args.seed).as_bytes())
-        .map_err(|e| format!("put: {e}"))?;
+        .map_err(|e| format!("put: {}", said(&e)))?;
 
     let dirty = DirtyMap::new(pages);
     let stop = AtomicBool::new(false);
@@ -415,7 +430,7 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
     let (ending, error) = match end {
         Ok(Ending::Completed) => ("completed", None),
         Ok(Ending::Unverified) => ("unverified", None),
-        Err(e) => ("failed", Some(format!("close: {e}"))),
+        Err(e) => ("failed", Some(format!("close: {}", said(&e)))),
     };
     drop(registry);
     let ok = error.is_none();
@@ -463,10 +478,11 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     // Shared with the vCPU threads, which may outlive a failed post-copy (blocked on a page).
     let ram = Arc::new(Ram::new(args.size)?);
     let registry = ram.registry()?;
-    let listener = Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {e}"))?;
+    let listener =
+        Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {}", said(&e)))?;
     // Always said (tests wait for it), on stderr: stdout is the result's.
     eprintln!("rdmamig bench: listening on {host}:{}, guest {}", listener.port(), human(args.size));
-    let dest = Destination::accept(&listener, &registry, None).map_err(|e| format!("accept: {e}"))?;
+    let dest = Destination::accept(&listener, &registry, None).map_err(|e| format!("accept: {}", said(&e)))?;
     let start = Instant::now();
     let negotiated = dest.negotiated();
 
@@ -535,7 +551,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     let (ending, mut error) = match ending {
         Ok(Ending::Completed) => ("completed", None),
         Ok(Ending::Unverified) => ("unverified", None),
-        Err(e) => ("failed", Some(e.to_string())),
+        Err(e) => ("failed", Some(said(&e))),
     };
     if error.is_none() && !hello.starts_with(HELLO) {
         error = Some(format!("the stream does not start with {HELLO:?}: {hello:?}"));
@@ -680,17 +696,16 @@ fn print_summary(v: &Value) {
             println!("  bytes written      {} ({})", int("bytes_written"), human(int("bytes_written")));
             println!("  throughput         {:.2} Gbit/s", num("gbit_per_s"));
             if v["postcopy_after"].is_null() {
-                println!(
-                    "  final round        {:.1} ms ({} pages, guest stopped)",
-                    num("final_round_seconds") * 1e3,
-                    int("final_round_pages")
-                );
+                println!("  final round        {}", final_round(num("final_round_seconds"), int("final_round_pages")));
             } else {
                 print_postcopy(&v["postcopy"], int("postcopy_stale_pages"));
             }
             println!("  zero chunks        {}", int("zero_chunks"));
             println!("  registration RTTs  {}", int("registration_round_trips"));
-            println!("  pinned peak        {}", human(int("pinned_bytes_peak")));
+            println!(
+                "  pinned peak        {}",
+                pinned_peak(int("pinned_bytes_peak"), int("size_bytes"), !v["postcopy_after"].is_null())
+            );
             println!("  sha256             {}", v["sha256"].as_str().unwrap_or("-"));
             println!("  ending             {}", v["ending"].as_str().unwrap_or("-"));
         }
@@ -726,6 +741,29 @@ fn print_summary(v: &Value) {
     }
 }
 
+/// The source's final round: the guest's downtime, from its stop to the
+/// end of the last window, which costs a round trip even without a page.
+fn final_round(secs: f64, pages: u64) -> String {
+    let empty = if pages == 0 { ": an empty last window, one round trip" } else { "" };
+    format!("{:.1} ms ({pages} pages, guest stopped{empty})", secs * 1e3)
+}
+
+/// The source's pinned peak: registrations at their most, as RLIMIT_MEMLOCK
+/// counts them, so memory registered twice counts twice; post-copy registers
+/// the stale pages' regions for reading while pre-copy's registrations of
+/// the same memory are still held.
+fn pinned_peak(peak: u64, guest: u64, postcopy: bool) -> String {
+    let why = match (peak > guest, postcopy) {
+        (false, _) => "",
+        (true, true) => {
+            " (as RLIMIT_MEMLOCK counts: post-copy's read registrations of the stale pages' regions on top of \
+             pre-copy's, still held, of the same memory)"
+        }
+        (true, false) => " (as RLIMIT_MEMLOCK counts: memory registered twice counts twice)",
+    };
+    format!("{}{why}", human(peak))
+}
+
 /// Whether the peer proved the pre-shared key, on either side's summary.
 fn print_authenticated(v: &Value) {
     let how = match v["authenticated"].as_bool() {
@@ -753,6 +791,32 @@ fn print_postcopy(pc: &Value, stale: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summary_lines_explain_their_figures() {
+        assert_eq!(final_round(0.1073, 337), "107.3 ms (337 pages, guest stopped)");
+        assert_eq!(final_round(0.0043, 0), "4.3 ms (0 pages, guest stopped: an empty last window, one round trip)");
+        assert_eq!(pinned_peak(64 << 20, 64 << 20, true), "64 MiB");
+        let doubled = pinned_peak((128 << 20) + 4096, 64 << 20, true);
+        assert!(
+            doubled.starts_with("128.0 MiB (as RLIMIT_MEMLOCK counts: post-copy's read registrations"),
+            "{doubled}"
+        );
+        assert!(pinned_peak(65 << 20, 64 << 20, false).ends_with("memory registered twice counts twice)"));
+    }
+
+    #[test]
+    fn said_gives_the_message_not_the_kind() {
+        let e =
+            rdmamig::Error::new(rdmamig::ErrorKind::NoDevice, "rdma_create_event_channel: No such device (errno 19)");
+        assert_eq!(
+            said(&e),
+            "no RDMA device is usable here (rdma_create_event_channel: No such device (errno 19)); `rdmamig doctor` \
+             lists what there is"
+        );
+        let e = rdmamig::Error::new(rdmamig::ErrorKind::Connect, "no listener on 198.18.0.1 port 1");
+        assert_eq!(said(&e), "no listener on 198.18.0.1 port 1");
+    }
 
     #[test]
     fn addresses() {

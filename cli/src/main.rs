@@ -18,6 +18,7 @@ mod vcpus;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use bench::DEFAULT_PORT;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 /// Exit status: something checked failed (or the migration did).
@@ -99,13 +100,24 @@ struct DoctorArgs {
 /// the memory arrived byte-identical. A live progress bar per round (on
 /// stderr, when it is a terminal) shows bytes, Gbit/s and the dirty pages
 /// waiting; the summary gives total time, rounds, bytes, Gbit/s, the final
-/// round's time, zero chunks, registration round trips and the pinned peak.
+/// round's time (the guest's downtime: from its stop to the end of the last
+/// window, which costs a round trip even when no page is left), zero
+/// chunks, registration round trips and the pinned peak (registrations at
+/// their most, as RLIMIT_MEMLOCK counts them: memory registered twice counts
+/// twice).
 ///
 /// With --postcopy-after N the source runs exactly N rounds, then stops the
 /// guest and switches to post-copy instead of a final round: the destination
 /// pulls the stale pages itself with RDMA READs while --vcpus threads read
 /// random guest pages (a progress bar shows the pages remaining); both
-/// summaries add the post-copy pages, faults served, bytes pulled and time.
+/// summaries add the post-copy pages, faults served, bytes pulled and time
+/// (source: from the switch to the destination's last page, the
+/// destination's switch-over included, in which it deregisters every
+/// registration the source could write into; destination: from its vCPUs
+/// running to its last page). The source's pinned peak then reaches up to
+/// twice the guest: it registers the stale pages' regions for the
+/// destination's reads while its pre-copy registrations of the same memory
+/// are still held.
 ///
 /// With --key-file on both sides each proves the pre-shared key to the other
 /// before any guest memory is registered; both summaries say whether the
@@ -117,12 +129,13 @@ struct DoctorArgs {
                         Example:\n  host-b$ rdmamig bench --listen 198.18.0.2 --size 4G\n  \
                         host-a$ rdmamig bench 198.18.0.2 --size 4G --dirty-rate 20000")]
 struct BenchArgs {
-    /// Destination: listen on ADDR[:PORT] (an IPv4/IPv6 address or host name of an RDMA
-    /// device; IPv6 in brackets with a port; PORT 0 picks a free one) and receive one migration.
-    #[arg(long, value_name = "ADDR[:PORT]", conflicts_with_all = ["dest", "dirty_rate", "pin_all", "seed", "max_rounds", "final_pages", "postcopy_after"])]
+    #[arg(long, value_name = "ADDR[:PORT]", conflicts_with_all = ["dest", "dirty_rate", "pin_all", "seed", "max_rounds", "final_pages", "postcopy_after"],
+          help = format!("Destination: listen on ADDR[:PORT] (an IPv4/IPv6 address or host name of an RDMA device; \
+                          IPv6 in brackets with a port; PORT {DEFAULT_PORT} when none is given, 0 picks a free \
+                          one) and receive one migration"))]
     listen: Option<String>,
-    /// Source: the destination's ADDR[:PORT] to migrate to.
-    #[arg(value_name = "ADDR[:PORT]", required_unless_present = "listen")]
+    #[arg(value_name = "ADDR[:PORT]", required_unless_present = "listen",
+          help = format!("Source: the destination's ADDR[:PORT] to migrate to (PORT {DEFAULT_PORT} when none is given)"))]
     dest: Option<String>,
     /// The guest's RAM size; the same on both sides.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1G")]

@@ -216,6 +216,27 @@ fn doctor_text_and_usage_errors() {
     }
 }
 
+/// A bench that cannot connect says the library's message, not the name of
+/// its error enum: on the build host there is no device, in the rxe guest
+/// nothing listens on port 1. Its --help says the default port.
+#[test]
+fn bench_errors_say_the_message_and_help_the_default_port() {
+    let ip = std::env::var("RXE_VM_IP").unwrap_or_else(|_| "198.18.0.1".into());
+    let out = Command::new(exe()).args(["bench", "--json", "--size", "4M", &format!("{ip}:1")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("--json");
+    let error = report["error"].as_str().expect("an error");
+    let said = if std::env::var("RDMAMIG_EXPECT_DEVICE").is_ok() {
+        format!("connect: no listener on {ip} port 1 (is the destination listening yet?)")
+    } else {
+        "connect: no RDMA device is usable here (".into()
+    };
+    assert!(error.starts_with(&said), "{error}");
+    let help = Command::new(exe()).args(["bench", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("ADDR[:PORT] to migrate to (PORT 4444 when none is given)"), "{help}");
+}
+
 /// Output into a pipe whose reader is gone (`| head` that stopped): every
 /// command ends by SIGPIPE, quietly, as command-line tools do, and does not
 /// panic (Rust ignores SIGPIPE unless told; `cli/tests/fabric.rs` has the

@@ -93,8 +93,8 @@ pub(crate) fn check_compress_chunk(offset: u64, length: u64) -> Result<()> {
 }
 
 /// The local block of each block the source described (rdmamig extension),
-/// checking that both sides have the same blocks with the same lengths and
-/// that no block is named twice.
+/// by name, checking that both sides have the same blocks and that no block
+/// is named twice (their lengths: `check_lengths`).
 pub(crate) fn match_blocks(ram: &RamBlocks, specs: &[BlockSpec]) -> Result<Vec<usize>> {
     let found: Vec<Option<usize>> = specs.iter().map(|s| ram.find(&s.name)).collect();
     let missing: Vec<&str> =
@@ -109,9 +109,15 @@ pub(crate) fn match_blocks(ram: &RamBlocks, specs: &[BlockSpec]) -> Result<Vec<u
     if let Some((_, &dup)) = order.iter().enumerate().find(|(i, b)| order[..*i].contains(b)) {
         return Err(protocol(format!("the source named block '{}' twice", ram.blocks()[dup].name)));
     }
+    Ok(order)
+}
+
+/// Checks that each block the source described has the same length here
+/// (`order`: the local blocks `match_blocks` found).
+pub(crate) fn check_lengths(ram: &RamBlocks, specs: &[BlockSpec], order: &[usize]) -> Result<()> {
     let differ: Vec<String> = specs
         .iter()
-        .zip(&order)
+        .zip(order)
         .map(|(s, &local)| (s, &ram.blocks()[local]))
         .filter(|(s, b)| s.length != b.length)
         .map(|(s, b)| format!("block '{}' has length {:#x} on the source and {:#x} here", b.name, s.length, b.length))
@@ -119,7 +125,7 @@ pub(crate) fn match_blocks(ram: &RamBlocks, specs: &[BlockSpec]) -> Result<Vec<u
     if !differ.is_empty() {
         return Err(Error::new(ErrorKind::BlockMismatch, differ.join("; ")));
     }
-    Ok(order)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -220,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn match_blocks_every_branch() {
+    fn match_blocks_and_check_lengths_every_branch() {
         let ram = ram();
         let spec = |name: &str, len| BlockSpec::new(name, len).unwrap();
         assert_eq!(match_blocks(&ram, &[spec("a", 7 * MIB / 2), spec("b", MIB)]).unwrap(), vec![0, 1]);
@@ -236,9 +242,13 @@ mod tests {
             ErrorKind::Protocol,
             "named twice"
         );
-        let e = match_blocks(&ram, &[spec("a", 7 * MIB / 2), spec("b", 2 * MIB)]).unwrap_err();
+        let longer_b = [spec("a", 7 * MIB / 2), spec("b", 2 * MIB)];
+        let order = match_blocks(&ram, &longer_b).unwrap();
+        let e = check_lengths(&ram, &longer_b, &order).unwrap_err();
         assert_eq!(e.kind, ErrorKind::BlockMismatch);
         assert!(e.message.contains("block 'b' has length 0x200000 on the source and 0x100000 here"), "{}", e.message);
         assert_eq!(kind(match_blocks(&ram, &[])), ErrorKind::BlockMismatch);
+        let same = [spec("b", MIB), spec("a", 7 * MIB / 2)];
+        assert!(check_lengths(&ram, &same, &[1, 0]).is_ok());
     }
 }

@@ -3,6 +3,8 @@
 
 use std::fs;
 
+use crate::verbs::VerbsError;
+
 /// Bit of CAP_IPC_LOCK in the capability sets of /proc/self/status.
 const CAP_IPC_LOCK: u32 = 14;
 
@@ -26,6 +28,34 @@ pub fn memlock_rlimit() -> (Option<u64>, Option<u64>) {
     }
     let finite = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
     (finite(limit.rlim_cur), finite(limit.rlim_max))
+}
+
+/// Whether a failed registration is the kernel refusing to pin more memory
+/// (ENOMEM, EPERM: RLIMIT_MEMLOCK without CAP_IPC_LOCK, or no memory it can
+/// pin) rather than a fault of the call.
+pub fn is_pin_refusal(e: &VerbsError) -> bool {
+    e.errno == libc::ENOMEM || e.errno == libc::EPERM
+}
+
+/// What bounds this process's pinning and what to do about it, for the
+/// message of a registration the kernel refused: the limit as `ulimit -l`
+/// shows it (KiB), CAP_IPC_LOCK, and `rdmamig doctor`.
+pub fn memlock_advice() -> String {
+    if has_ipc_lock() {
+        return "the process has CAP_IPC_LOCK, so RLIMIT_MEMLOCK does not bound it: the host has no more memory \
+                the kernel can pin (`rdmamig doctor` checks the host)"
+            .into();
+    }
+    match memlock_rlimit().0 {
+        Some(limit) => format!(
+            "RLIMIT_MEMLOCK (`ulimit -l`) is {} KiB here and the process lacks CAP_IPC_LOCK: raise the limit or \
+             grant the capability (`rdmamig doctor` says how much a migration needs)",
+            limit / 1024
+        ),
+        None => "RLIMIT_MEMLOCK is unlimited here: the host has no more memory the kernel can pin \
+                 (`rdmamig doctor` checks the host)"
+            .into(),
+    }
 }
 
 /// Whether this process has CAP_IPC_LOCK in its effective set (the kernel

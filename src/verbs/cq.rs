@@ -251,6 +251,12 @@ impl WorkCompletion {
     pub fn is_retry_exceeded(&self) -> bool {
         self.0.status == sys::IBV_WC_RETRY_EXC_ERR
     }
+    /// The remote NIC refused the work request (`IBV_WC_REM_INV_REQ_ERR`,
+    /// `IBV_WC_REM_ACCESS_ERR`, `IBV_WC_REM_OP_ERR`): a key or a queue pair
+    /// it no longer has, an access the key does not grant.
+    pub fn is_remote_error(&self) -> bool {
+        matches!(self.0.status, sys::IBV_WC_REM_INV_REQ_ERR | sys::IBV_WC_REM_ACCESS_ERR | sys::IBV_WC_REM_OP_ERR)
+    }
     /// `enum ibv_wc_status` (`sys::IBV_WC_*`).
     pub fn status(&self) -> u32 {
         self.0.status

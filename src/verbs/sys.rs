@@ -217,7 +217,9 @@ pub const IBV_WC_SUCCESS: c_uint = 0;
 pub const IBV_WC_LOC_LEN_ERR: c_uint = 1;
 pub const IBV_WC_LOC_PROT_ERR: c_uint = 4;
 pub const IBV_WC_WR_FLUSH_ERR: c_uint = 5;
+pub const IBV_WC_REM_INV_REQ_ERR: c_uint = 9;
 pub const IBV_WC_REM_ACCESS_ERR: c_uint = 10;
+pub const IBV_WC_REM_OP_ERR: c_uint = 11;
 pub const IBV_WC_RETRY_EXC_ERR: c_uint = 12;
 pub const IBV_WC_RNR_RETRY_EXC_ERR: c_uint = 13;
 

@@ -156,6 +156,38 @@ impl AcceptData {
     }
 }
 
+/// rdmamig extension: the private data of an rdmamig destination's reject.
+/// Its capabilities (its own version, and flags saying what it requires),
+/// then why it refused: a big-endian u32 at bytes 8..12, one of the
+/// `REJECT_*` causes (0, or absent: it does not say). QEMU never reads a
+/// reject's private data (and never rejects: it drops a request it does not
+/// take); a reject without private data reads as zeros (rdma_cm pads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RejectData {
+    pub caps: Capabilities,
+    pub cause: u32,
+}
+
+impl RejectData {
+    /// Size with the cause.
+    pub const LEN: usize = Capabilities::LEN + 4;
+
+    /// The 12 encoded bytes.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..Capabilities::LEN].copy_from_slice(&self.caps.encode());
+        out[Capabilities::LEN..].copy_from_slice(&self.cause.to_be_bytes());
+        out
+    }
+
+    /// The capabilities, and the cause if the buffer is long enough to hold one.
+    pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
+        let caps = Capabilities::decode(buf)?;
+        let cause = if buf.len() >= Self::LEN { be32(buf, Capabilities::LEN) } else { 0 };
+        Ok(RejectData { caps, cause })
+    }
+}
+
 /// The `N` bytes of `buf` at `at`.
 fn array<const N: usize>(buf: &[u8], at: usize, what: &'static str) -> Result<[u8; N], DecodeError> {
     buf.get(at..at + N).map(|b| b.try_into().expect("N bytes")).ok_or(DecodeError::TooShort {

@@ -45,6 +45,7 @@ pub use entry::{
 pub use error::{DecodeError, EncodeError};
 pub use header::{
     decode_header, encode_header, AcceptData, AuthChallenge, Capabilities, CommandType, ConnectData, ControlHeader,
+    RejectData,
 };
 pub use message::{
     decode_message, postcopy_bitmap_words, postcopy_table, postcopy_table_len, Entries, Message, MessageWriter,
@@ -97,6 +98,10 @@ pub const CAP_RDMAMIG_RESUME: u32 = 0x2000_0000;
 /// listen for a recovery connection and send POSTCOPY_RECOVERY, which a
 /// destination that did not grant it refuses.
 pub const CAP_RDMAMIG_RECOVERY: u32 = 0x1000_0000;
+/// Reject cause (rdmamig extension, [`RejectData`]): the destination's
+/// kernel refused to pin memory for the connection (RLIMIT_MEMLOCK without
+/// CAP_IPC_LOCK, or no memory it can pin).
+pub const REJECT_PIN_REFUSED: u32 = 1;
 /// Every capability bit rdmamig understands.
 pub const KNOWN_CAPS: u32 =
     CAP_PIN_ALL | CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH | CAP_RDMAMIG_RESUME | CAP_RDMAMIG_RECOVERY;

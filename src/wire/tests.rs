@@ -839,6 +839,20 @@ fn accept_data_carries_the_pin_budget() {
 }
 
 #[test]
+fn reject_data_carries_a_cause() {
+    let r = RejectData { caps: Capabilities::v1(CAP_RDMAMIG_EXT), cause: REJECT_PIN_REFUSED };
+    let bytes = r.encode();
+    assert_eq!(bytes, [0, 0, 0, 1, 0x80, 0, 0, 0, 0, 0, 0, 1]);
+    assert_eq!(RejectData::decode(&bytes), Ok(r));
+    // rdma_cm pads a reject's private data (148 bytes on IB): a reject without a cause says none.
+    let mut padded = [0u8; 148];
+    padded[..8].copy_from_slice(&r.caps.encode());
+    assert_eq!(RejectData::decode(&padded), Ok(RejectData { cause: 0, ..r }));
+    assert_eq!(RejectData::decode(&bytes[..8]), Ok(RejectData { cause: 0, ..r }));
+    assert!(RejectData::decode(&bytes[..7]).is_err());
+}
+
+#[test]
 fn authentication_nonces_and_proofs_follow_the_capabilities() {
     let caps = Capabilities::v1(CAP_RDMAMIG_EXT | CAP_RDMAMIG_AUTH);
     let c = ConnectData { caps, nonce: Some([0x11; AUTH_NONCE_LEN]), recovery_tag: None };

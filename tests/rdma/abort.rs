@@ -81,7 +81,7 @@ fn source_call_fails_fast_when_destination_is_killed() {
         child.wait().unwrap();
         killed
     });
-    let failed_at = loop {
+    let (failed_at, err) = loop {
         let round = (|| {
             source.iteration_begin()?;
             for off in (0..RAM).step_by(PAGE as usize) {
@@ -91,7 +91,7 @@ fn source_call_fails_fast_when_destination_is_killed() {
         })();
         if let Err(e) = round {
             eprintln!("source failed as expected: {e}");
-            break Instant::now();
+            break (Instant::now(), e);
         }
         assert!(!killer.is_finished() || Instant::now() < deadline, "no error after the destination died");
     };
@@ -99,6 +99,13 @@ fn source_call_fails_fast_when_destination_is_killed() {
     let delay = failed_at.saturating_duration_since(killed);
     eprintln!("error {delay:?} after the kill");
     assert!(delay < Duration::from_secs(5), "the source noticed only after {delay:?}");
+    // The README's failure table: a destination gone is a disconnect, whether the source heard
+    // of it first from its connection or from a WRITE that met its registrations gone.
+    assert_eq!(err.kind, ErrorKind::Disconnected, "{err}");
+    assert!(err.message.contains("connection lost: the peer closed the connection, or its process ended"), "{err}");
+    if err.message.contains("RDMA WRITE") {
+        assert!(err.message.starts_with("the destination went away during an RDMA WRITE"), "{err}");
+    }
     // Later calls return the stored error instead of hanging.
     assert!(source.iteration_begin().is_err());
     drop(source);

@@ -1433,15 +1433,24 @@ fn unregister_of_a_chunk_past_its_block_is_refused() {
 
 // ---- The block list (rdmamig extension: names and lengths in RAM_BLOCKS_REQUEST) ----
 
-/// The source lists `specs`; the destination answers an empty
-/// RAM_BLOCKS_RESULT (the source fails on the count too), then ERROR, and
-/// ends with `kind`.
-fn block_list_refused(specs: &[BlockSpec], kind: ErrorKind, words: &[&str]) {
+/// The source lists `specs`; the destination answers RAM_BLOCKS_RESULT with
+/// `lengths` (the source fails on the count, or on a length, too), then
+/// ERROR, and ends with `kind`.
+fn block_list_refused_with(specs: &[BlockSpec], lengths: &[u64], kind: ErrorKind, words: &[&str]) {
     let mut s = start(Config::default(), CAP_RDMAMIG_EXT);
     s.peer.take_ready();
     let m = s.peer.request(CommandType::RamBlocksRequest, specs).expect("RAM_BLOCKS_RESULT");
-    assert_eq!((m.kind, m.bytes.len()), (CommandType::RamBlocksResult, 16), "an empty result: {m:?}");
+    assert_eq!((m.kind, m.bytes.len()), (CommandType::RamBlocksResult, 16 + 32 * lengths.len()), "{m:?}");
+    let blocks: Vec<DestBlock> = m.entries();
+    let only_lengths: Vec<DestBlock> =
+        lengths.iter().map(|&length| DestBlock { length, ..DestBlock::default() }).collect();
+    assert_eq!(blocks, only_lengths, "the lengths alone: no address, no key");
     s.refused(kind, words);
+}
+
+/// The same, with an empty RAM_BLOCKS_RESULT.
+fn block_list_refused(specs: &[BlockSpec], kind: ErrorKind, words: &[&str]) {
+    block_list_refused_with(specs, &[], kind, words)
 }
 
 fn spec(name: &str, length: u64) -> BlockSpec {
@@ -1463,8 +1472,9 @@ fn block_list_with_more_blocks_is_refused() {
 #[test]
 fn block_list_with_a_wrong_length_is_refused() {
     let specs = [spec("pc.ram", 4 * MIB), spec("vga.vram", 3 * MIB)];
-    block_list_refused(
+    block_list_refused_with(
         &specs,
+        &[4 * MIB, 5 * MIB / 2],
         ErrorKind::BlockMismatch,
         &["block 'vga.vram' has length 0x300000 on the source and 0x280000 here"],
     );

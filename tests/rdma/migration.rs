@@ -444,8 +444,9 @@ fn stream_of_10_mib_in_odd_pieces_interleaved_with_windows() {
 }
 
 /// Migrates between mismatched block lists: both sides must fail with
-/// BlockMismatch, the destination's message containing every string of `expect`.
-fn block_mismatch(source_layout: Layout, dest_layout: Layout, expect: &[&str]) {
+/// BlockMismatch, the destination's message containing every string of
+/// `expect`, the source's every string of `source_expect`.
+fn block_mismatch(source_layout: Layout, dest_layout: Layout, expect: &[&str], source_expect: &[&str]) {
     let src_ram = source_layout.source_ram(3);
     let dst_ram = dest_layout.dest_ram();
     let config = Config::default();
@@ -455,6 +456,9 @@ fn block_mismatch(source_layout: Layout, dest_layout: Layout, expect: &[&str]) {
     source.save(0, 0, MIB).unwrap();
     let err = source.iteration_end().unwrap_err();
     assert_eq!(err.kind, ErrorKind::BlockMismatch, "{err}");
+    for e in source_expect {
+        assert!(err.message.contains(e), "{err}");
+    }
     let err = dest.wait_iteration(1, Some(Duration::from_secs(30))).unwrap_err();
     assert_eq!(err.kind, ErrorKind::BlockMismatch, "{err}");
     for e in expect {
@@ -470,6 +474,7 @@ fn missing_block_fails_on_both_sides() {
         Layout { blocks: vec![("pc.ram", 4 * MIB, vec![]), ("vga.vram", MIB, vec![])] },
         Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] },
         &["vga.vram"],
+        &["matched none of this side's 2 blocks", "'vga.vram' of 0x100000 bytes"],
     );
 }
 
@@ -479,6 +484,7 @@ fn length_mismatch_fails_on_both_sides() {
         Layout { blocks: vec![("pc.ram", 4 * MIB, vec![])] },
         Layout { blocks: vec![("pc.ram", 8 * MIB, vec![])] },
         &["pc.ram", "0x400000", "0x800000"],
+        &["block 'pc.ram' has length 0x400000 here and 0x800000 on the destination"],
     );
 }
 
@@ -491,6 +497,8 @@ fn connecting_where_nobody_listens_is_a_connect_error() {
     unsafe { r.add("pc.ram", ram.ptr(), 0, MIB).unwrap() };
     let err = Source::connect(&rdma_ip(), port, &Config::default(), &r).err().expect("connect must fail");
     assert_eq!(err.kind, ErrorKind::Connect, "{err}");
+    let cause = format!("no listener on {} port {port} (is the destination listening yet?)", rdma_ip());
+    assert!(err.message.contains(&cause), "{err}");
 }
 
 #[test]

@@ -12,6 +12,10 @@
 //!   rdmamig source keeps a 32 MiB destination within its announced budget.
 //! - `a_source_keeps_its_own_budget`: a 32 MiB source toward an unlimited
 //!   destination, rdmamig and QEMU-compatible.
+//! - `memlock_refusals_name_their_cause`: a non-root child with a 64 KiB
+//!   RLIMIT_MEMLOCK, too little for one control buffer, as source and as
+//!   destination: each error names the limit and what to do, and so does
+//!   the source the destination rejected.
 //!
 //! A sampler thread reads `stats()` every millisecond on each side it checks.
 
@@ -29,6 +33,9 @@ use crate::migration::{connect, listen, one_block, rdma_ip, GuestRam, Rng, PAGE}
 const MIB: u64 = 1 << 20;
 /// RLIMIT_MEMLOCK of the non-root children.
 const MEMLOCK: u64 = 64 * MIB;
+/// RLIMIT_MEMLOCK of the child of `memlock_refusals_name_their_cause`:
+/// less than one 512 KiB control buffer.
+const TINY_MEMLOCK: u64 = 64 << 10;
 /// Guest RAM per side in the non-root test: four times the limit.
 const GUEST_RAM: u64 = 256 * MIB;
 /// The destination's configured budget in the one-process tests.
@@ -43,6 +50,7 @@ const SEED: u64 = 0x5EED_F00D;
 
 const DEST_CHILD_ENV: &str = "RDMAMIG_PINNING_DEST";
 const SOURCE_CHILD_ENV: &str = "RDMAMIG_PINNING_SOURCE";
+const TINY_MEMLOCK_CHILD_ENV: &str = "RDMAMIG_PINNING_TINY_MEMLOCK";
 /// How long a child may take (a hang detector; a run takes far less).
 const CHILD_BOUND: Duration = Duration::from_secs(120);
 
@@ -211,14 +219,14 @@ fn stat_line(s: &Stats) -> String {
     )
 }
 
-/// Lowers RLIMIT_MEMLOCK to `MEMLOCK` and drops root for good (groups,
+/// Lowers RLIMIT_MEMLOCK to `memlock` bytes and drops root for good (groups,
 /// gid, uid; the capabilities go with the uid), before anything touches RDMA.
-fn limit_memlock_and_drop_root() {
+fn limit_memlock_and_drop_root(memlock: u64) {
     let os = io::Error::last_os_error;
     // SAFETY (all): plain system calls on this process.
     unsafe {
         assert_eq!(libc::geteuid(), 0, "the test must start as root (the rxe guest runs it as root)");
-        let limit = libc::rlimit { rlim_cur: MEMLOCK, rlim_max: MEMLOCK };
+        let limit = libc::rlimit { rlim_cur: memlock, rlim_max: memlock };
         assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit), 0, "setrlimit: {}", os());
         assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups: {}", os());
         assert_eq!(libc::setgid(NOBODY), 0, "setgid: {}", os());
@@ -228,11 +236,11 @@ fn limit_memlock_and_drop_root() {
         assert_ne!(libc::getegid(), 0);
         // Root is gone for good: it cannot be taken back, nor the limit raised.
         assert_ne!(libc::setuid(0), 0, "setuid(0) succeeded after dropping root");
-        let raised = libc::rlimit { rlim_cur: 2 * MEMLOCK, rlim_max: 2 * MEMLOCK };
+        let raised = libc::rlimit { rlim_cur: 2 * memlock, rlim_max: 2 * memlock };
         assert_ne!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised), 0, "RLIMIT_MEMLOCK could be raised");
         let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         assert_eq!(libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut now), 0);
-        assert_eq!((now.rlim_cur, now.rlim_max), (MEMLOCK, MEMLOCK));
+        assert_eq!((now.rlim_cur, now.rlim_max), (memlock, memlock));
     }
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
@@ -280,7 +288,7 @@ fn source_stats(source: &RwLock<Source>) -> Stats {
 fn budget_destination_child() {
     let Some(setting) = child_setting(DEST_CHILD_ENV) else { return };
     let seed: u64 = setting[0].parse().unwrap();
-    limit_memlock_and_drop_root();
+    limit_memlock_and_drop_root(MEMLOCK);
     let ram = GuestRam::new(GUEST_RAM, 0xAA);
     let (listener, port) = listen(&Config::default());
     println!("{REPORT}port {port}");
@@ -318,7 +326,7 @@ fn budget_source_child() {
     let Some(setting) = child_setting(SOURCE_CHILD_ENV) else { return };
     let port: u16 = setting[0].parse().unwrap();
     let seed: u64 = setting[1].parse().unwrap();
-    limit_memlock_and_drop_root();
+    limit_memlock_and_drop_root(MEMLOCK);
     let mut ram = GuestRam::new(GUEST_RAM, 0);
     fill(&mut ram, GUEST_RAM, seed);
     let source = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, GUEST_RAM)).unwrap();
@@ -367,6 +375,62 @@ fn a_guest_four_times_the_budget_migrates_within_it_as_non_root() {
     assert!(dest_status.success(), "the destination child failed ({dest_status}): {dest_reports:?}");
     assert!(source_reports.iter().any(|r| r == "done source"), "{source_reports:?}");
     assert!(dest_reports.iter().any(|r| r.starts_with("done destination")), "{dest_reports:?}");
+}
+
+/// Child process of `memlock_refusals_name_their_cause`, with a 64 KiB
+/// RLIMIT_MEMLOCK and no root: as a source, connects (to a port nobody
+/// listens on: it fails before its request) and reports `source KIND
+/// MESSAGE`; then listens, reports `port N`, and reports `destination KIND
+/// MESSAGE` once its accept gave up on the parent's request.
+#[test]
+#[ignore = "child process of memlock_refusals_name_their_cause"]
+fn tiny_memlock_child() {
+    if child_setting(TINY_MEMLOCK_CHILD_ENV).is_none() {
+        return;
+    }
+    limit_memlock_and_drop_root(TINY_MEMLOCK);
+    let ram = GuestRam::new(MIB, 0);
+    let registry = one_block(&ram, MIB);
+    let err = Source::connect(&rdma_ip(), 1, &Config::default(), &registry).err().expect("a source pinned its buffers");
+    println!("{REPORT}source {:?} {}", err.kind, err.message);
+    let (listener, port) = listen(&Config::default());
+    println!("{REPORT}port {port}");
+    let err = Destination::accept(&listener, &registry, Some(Duration::from_secs(10))).err().expect("accepted");
+    println!("{REPORT}destination {:?} {}", err.kind, err.message);
+}
+
+/// Each report's words, and the source's error when the destination could not pin.
+#[test]
+fn memlock_refusals_name_their_cause() {
+    // What names the limit and the ways out, on the side that hit it.
+    let limit_words = ["RLIMIT_MEMLOCK (`ulimit -l`) is 64 KiB here", "CAP_IPC_LOCK", "`rdmamig doctor`"];
+    let exe = ChildExe::copy();
+    let mut child = Peer::spawn(&exe.0, "pinning::tiny_memlock_child", TINY_MEMLOCK_CHILD_ENV, "1");
+    let report = child.next(Duration::from_secs(60));
+    println!("tiny memlock: {report}");
+    let source = report.strip_prefix("source Verbs ").unwrap_or_else(|| panic!("a Verbs error: {report}"));
+    assert!(source.contains("registering a 512 KiB control buffer: ibv_reg_mr"), "{source}");
+    for w in limit_words {
+        assert!(source.contains(w), "{w:?} not in: {source}");
+    }
+    let report = child.next(Duration::from_secs(60));
+    let port: u16 = report.strip_prefix("port ").and_then(|p| p.parse().ok()).expect("a port report");
+    let ram = GuestRam::new(MIB, 0);
+    let err = Source::connect(&rdma_ip(), port, &Config::default(), &one_block(&ram, MIB)).err().expect("admitted");
+    println!("tiny memlock: the rejected source: {err}");
+    assert_eq!(err.kind, ErrorKind::Connect, "{err}");
+    for w in ["the destination's kernel refused to pin memory", "RLIMIT_MEMLOCK", "CAP_IPC_LOCK", "`rdmamig doctor`"] {
+        assert!(err.message.contains(w), "{w:?} not in: {err}");
+    }
+    let report = child.next(Duration::from_secs(60));
+    println!("tiny memlock: {report}");
+    let destination = report.strip_prefix("destination Verbs ").unwrap_or_else(|| panic!("a Verbs error: {report}"));
+    assert!(destination.contains("1 refused"), "{destination}");
+    for w in limit_words {
+        assert!(destination.contains(w), "{w:?} not in: {destination}");
+    }
+    let (status, rest) = child.finish(CHILD_BOUND);
+    assert!(status.success(), "the child failed ({status}): {rest:?}");
 }
 
 fn dest_config() -> Config {

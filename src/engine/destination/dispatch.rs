@@ -60,7 +60,8 @@ pub enum Step {
     /// [`Dispatcher::pinned_all`].
     Blocks,
     /// Send this answer, then the connection ends as said: END_ACK after a
-    /// checked END, or an empty RAM_BLOCKS_RESULT that makes the source fail too.
+    /// checked END, or a RAM_BLOCKS_RESULT that makes the source fail too
+    /// (empty, or with only the lengths of blocks that differ in length).
     Last(Reply, Result<Ending>),
     /// POSTCOPY (rdmamig extension): run post-copy over these blocks, then
     /// answer POSTCOPY_DONE.
@@ -293,11 +294,20 @@ impl<R: Registrar> Dispatcher<R> {
     /// block order, checked against ours.
     fn blocks(&mut self, specs: &[BlockSpec]) -> Step {
         if !specs.is_empty() {
-            match validate::match_blocks(&self.ram, specs) {
-                Ok(order) => self.order = order,
+            let order = match validate::match_blocks(&self.ram, specs) {
+                Ok(order) => order,
                 // An empty answer makes the source fail with a count mismatch too.
                 Err(e) => return Step::Last(Reply::RamBlocksResult(Vec::new()), Err(e)),
+            };
+            if let Err(e) = validate::check_lengths(&self.ram, specs, &order) {
+                // Our lengths alone, in its order (no address, no key): the
+                // source's own length check then names both lengths.
+                let lengths = order
+                    .iter()
+                    .map(|&local| DestBlock { length: self.ram.blocks()[local].length, ..DestBlock::default() });
+                return Step::Last(Reply::RamBlocksResult(lengths.collect()), Err(e));
             }
+            self.order = order;
         }
         Step::Blocks
     }

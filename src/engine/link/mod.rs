@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::auth::Session;
+
 use crate::engine::stats::Counters;
 use crate::engine::Config;
-use crate::host::RegisteredBuffer;
+use crate::host::{limits, RegisteredBuffer};
 use crate::verbs::{
     Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ProtectionDomain, QpCaps, QueuePair, Sge,
     VerbsError, WorkCompletion, WriteList,
@@ -65,6 +66,9 @@ const CQ_ENTRIES: i32 = 1024;
 const EVENT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How long an abort waits until the peer can take an ERROR (see `send_error`).
 const ERROR_GRACE: Duration = Duration::from_secs(1);
+/// How long a work request the peer's NIC refused waits for the disconnect
+/// that would say the peer went away (see `complete`).
+const PEER_LOSS_GRACE: Duration = Duration::from_secs(2);
 /// How long the source waits for the destination to close first (see `await_peer_close`).
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -81,6 +85,44 @@ pub(crate) fn protocol_error(e: impl std::fmt::Display) -> Error {
 
 fn encode_error(e: EncodeError) -> Error {
     Error::new(ErrorKind::InvalidArgument, format!("cannot encode control message: {e}"))
+}
+
+/// Why a link could not be set up: the error, and whether the kernel
+/// refused to pin a control buffer (a destination tells the source so).
+pub(super) struct SetupFailed {
+    error: Error,
+    pin_refused: bool,
+}
+
+impl SetupFailed {
+    /// A control buffer's registration failed; a refusal to pin says what bounds pinning here.
+    fn control_buffer(e: VerbsError) -> Self {
+        let pin_refused = limits::is_pin_refusal(&e);
+        let mut error = Error::from(e);
+        error.message = format!("registering a {} KiB control buffer: {}", CONTROL_BUFFER_SIZE >> 10, error.message);
+        if pin_refused {
+            error.message = format!("{}: the kernel refused to pin it: {}", error.message, limits::memlock_advice());
+        }
+        SetupFailed { error, pin_refused }
+    }
+}
+
+impl From<Error> for SetupFailed {
+    fn from(error: Error) -> Self {
+        SetupFailed { error, pin_refused: false }
+    }
+}
+
+impl From<VerbsError> for SetupFailed {
+    fn from(e: VerbsError) -> Self {
+        Error::from(e).into()
+    }
+}
+
+impl From<SetupFailed> for Error {
+    fn from(failed: SetupFailed) -> Self {
+        failed.error
+    }
 }
 
 pub(crate) struct Link {
@@ -161,7 +203,7 @@ impl Link {
         config: &Config,
         counters: Arc<Counters>,
         replaces: Option<&Link>,
-    ) -> Result<Link> {
+    ) -> std::result::Result<Link, SetupFailed> {
         let pd = match replaces {
             None => ProtectionDomain::new(&id)?,
             Some(old) if old.pd.is_on(&id) => old.pd.clone(),
@@ -170,7 +212,8 @@ impl Link {
                     ErrorKind::Connect,
                     "the recovery connection runs over another RDMA device than the lost one: post-copy's \
                      registrations cannot move to it",
-                ))
+                )
+                .into())
             }
         };
         let channel = CompletionChannel::new(&id)?;
@@ -178,7 +221,9 @@ impl Link {
         let caps =
             QpCaps { max_send_wr: SEND_QUEUE_DEPTH, max_recv_wr: RECV_QUEUE_DEPTH, max_send_sge: 1, max_recv_sge: 1 };
         let qp = QueuePair::new(&id, &pd, &cq, &cq, caps)?;
-        let control = || RegisteredBuffer::new(&pd, CONTROL_BUFFER_SIZE, Access::LOCAL_WRITE);
+        let control = || {
+            RegisteredBuffer::new(&pd, CONTROL_BUFFER_SIZE, Access::LOCAL_WRITE).map_err(SetupFailed::control_buffer)
+        };
         let recv = [control()?, control()?];
         let send = control()?;
         Ok(Link {
@@ -308,6 +353,21 @@ impl Link {
                     format!("the peer stopped answering{within}: {failed}"),
                 ));
             }
+            // A remote error is also what a peer killed mid-transfer leaves
+            // behind (its registrations go before its connection does): then
+            // its disconnect follows within moments, and the peer went away.
+            // Without one it is the peer's doing (a key it revoked, a broken
+            // or hostile peer): a verbs error.
+            if wc.is_remote_error() {
+                if let Some(lost) = self.loss_within(PEER_LOSS_GRACE)? {
+                    let gone = match id {
+                        _ if id & WRID_WRITE != 0 => "the destination went away during an RDMA WRITE",
+                        _ if id & WRID_READ != 0 => "the source went away during an RDMA READ",
+                        _ => "the peer went away during a control SEND",
+                    };
+                    return Err(Error::new(ErrorKind::Disconnected, format!("{gone} ({failed}; {})", lost.message)));
+                }
+            }
             return Err(Error::new(ErrorKind::Verbs, failed));
         }
         self.last_heard = Instant::now();
@@ -345,6 +405,20 @@ impl Link {
         }
     }
 
+    /// Waits up to `grace` for the connection to be lost (a disconnect or
+    /// device removal event); its error, if it was.
+    fn loss_within(&mut self, grace: Duration) -> Result<Option<Error>> {
+        let deadline = Instant::now() + grace;
+        while self.lost.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            self.take_event(left)?;
+        }
+        Ok(self.lost.clone())
+    }
+
     /// Takes the next connection event, waiting up to `wait` for one; a
     /// disconnect or a device removal marks the link lost. Returns whether
     /// there was an event.
@@ -353,7 +427,12 @@ impl Link {
         let kind = event.kind();
         if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
             self.closed_by_peer = kind != CmEventKind::DeviceRemoval;
-            self.lost = Some(Error::new(ErrorKind::Disconnected, format!("connection lost: {kind:?} event")));
+            let why = match kind {
+                CmEventKind::Disconnected => "the peer closed the connection, or its process ended",
+                CmEventKind::DeviceRemoval => "the RDMA device was removed",
+                _ => "the connection was torn down",
+            };
+            self.lost = Some(Error::new(ErrorKind::Disconnected, format!("connection lost: {why} ({kind:?} event)")));
         }
         Ok(true)
     }

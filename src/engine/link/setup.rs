@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::auth::auth_error;
-use super::{protocol_error, Link, EVENT_POLL_INTERVAL, INCOMING};
+use super::{protocol_error, Link, SetupFailed, EVENT_POLL_INTERVAL, INCOMING};
 use crate::engine::auth::{self, Endpoints, Nonce, Role, Transcript};
 use crate::engine::pin;
 use crate::engine::stats::Counters;
@@ -20,8 +20,8 @@ use crate::engine::Config;
 use crate::logging;
 use crate::verbs::{self, CmEventKind, CmId, ConnParam, EventChannel};
 use crate::wire::{
-    AcceptData, AuthChallenge, Capabilities, ConnectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
-    CAP_RDMAMIG_RECOVERY, CAP_RDMAMIG_RESUME, RECOVERY_TAG_LEN, RECOVERY_TOKEN_LEN,
+    AcceptData, AuthChallenge, Capabilities, ConnectData, RejectData, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT,
+    CAP_RDMAMIG_RECOVERY, CAP_RDMAMIG_RESUME, RECOVERY_TAG_LEN, RECOVERY_TOKEN_LEN, REJECT_PIN_REFUSED,
 };
 use crate::{Error, ErrorKind, Result};
 
@@ -273,14 +273,22 @@ impl Link {
             }
             // Our destination rejects a version it does not speak with its own
             // version as private data; a reject without it (nobody listening) is zeros.
-            CmEventKind::Rejected => match Capabilities::decode(event.private_data()) {
-                Ok(theirs) if theirs.version != 0 && theirs.version != config.protocol_version => {
-                    Err(version_error(config.protocol_version, theirs.version))
+            CmEventKind::Rejected => match RejectData::decode(event.private_data()) {
+                Ok(theirs) if theirs.caps.version != 0 && theirs.caps.version != config.protocol_version => {
+                    Err(version_error(config.protocol_version, theirs.caps.version))
                 }
                 // Our destination rejects a source without a key with the authentication flag.
-                Ok(theirs) if theirs.flags & CAP_RDMAMIG_AUTH != 0 && config.auth_key.is_none() => {
+                Ok(theirs) if theirs.caps.flags & CAP_RDMAMIG_AUTH != 0 && config.auth_key.is_none() => {
                     Err(auth_error(format!("{host}:{port} requires peer authentication and no key is set")))
                 }
+                Ok(theirs) if theirs.cause == REJECT_PIN_REFUSED => Err(Error::new(
+                    ErrorKind::Connect,
+                    format!(
+                        "{host}:{port} rejected the connection: the destination's kernel refused to pin memory for \
+                         it (RLIMIT_MEMLOCK, `ulimit -l`, too low there without CAP_IPC_LOCK; `rdmamig doctor` on \
+                         the destination says what it needs)"
+                    ),
+                )),
                 // Nobody listens there any more (a killed source's recovery
                 // listener is gone with it): the peer is gone, no retrying.
                 // (Other refusals may pass: on rxe a request sent while the
@@ -289,9 +297,13 @@ impl Link {
                     ErrorKind::Disconnected,
                     format!("{host}:{port} refused the recovery connection: the source's recovery listener is gone"),
                 )),
+                _ if NO_LISTENER.contains(&event.status()) => Err(Error::new(
+                    ErrorKind::Connect,
+                    format!("no listener on {host} port {port} (is the destination listening yet?)"),
+                )),
                 _ => Err(Error::new(
                     ErrorKind::Connect,
-                    format!("{host}:{port} rejected the connection (reason {})", event.status()),
+                    format!("{host}:{port} rejected the connection ({})", reject_reason(event.status())),
                 )),
             },
             other => Err(Error::new(
@@ -567,12 +579,20 @@ impl Request {
             _ => None,
         };
         let old = resume.map(|r| r.old);
-        let link = set_ack_timeout(&id, config).and_then(|()| Link::new(id.clone(), negotiated, config, counters, old));
+        let link = set_ack_timeout(&id, config)
+            .map_err(SetupFailed::from)
+            .and_then(|()| Link::new(id.clone(), negotiated, config, counters, old));
         let mut link = match link {
             Ok(link) => link,
-            Err(e) => {
-                let _ = id.reject(&[]);
-                return Err(e);
+            Err(failed) => {
+                // The source cannot guess the kernel's pinning limit here: the reject says so.
+                let _ = if failed.pin_refused {
+                    let caps = Capabilities { version: config.protocol_version, flags: CAP_RDMAMIG_EXT };
+                    id.reject(&RejectData { caps, cause: REJECT_PIN_REFUSED }.encode())
+                } else {
+                    id.reject(&[])
+                };
+                return Err(failed.into());
             }
         };
         // The handshake's waits end when the listener closes (`given_up`),
@@ -727,6 +747,20 @@ pub static LAST_RECOVERY_REQUEST: parking_lot::Mutex<Option<Vec<u8>>> = parking_
 /// CM's reason IB_CM_REJ_INVALID_SERVICE_ID (RoCE, InfiniBand), or
 /// -ECONNREFUSED (iWARP).
 const NO_LISTENER: [i32; 2] = [8, -libc::ECONNREFUSED];
+
+/// The IB CM's reason IB_CM_REJ_CONSUMER_DEFINED: the peer's software
+/// (rdma_reject) refused the request.
+const REFUSED_BY_PEER: i32 = 28;
+
+/// A REJECTED event's status in words.
+fn reject_reason(status: i32) -> String {
+    match status {
+        REFUSED_BY_PEER => {
+            format!("reason {status}: refused by the destination's software, which sent no cause; its log says why")
+        }
+        _ => format!("reason {status}"),
+    }
+}
 
 /// An RNR retry count of 7: a SEND that finds no receive posted is retried until one is.
 const RNR_RETRY_FOREVER: u8 = 7;

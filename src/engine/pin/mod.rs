@@ -79,7 +79,7 @@ pub fn budget_for(config: &Config) -> Option<u64> {
 /// The error for a failed registration of `len` bytes: `PinBudget` when the
 /// kernel refused to pin (ENOMEM, EPERM: RLIMIT_MEMLOCK), else the verbs error.
 fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
-    if e.errno != libc::ENOMEM && e.errno != libc::EPERM {
+    if !limits::is_pin_refusal(&e) {
         return e.into();
     }
     logging::warn(format_args!(
@@ -88,8 +88,8 @@ fn refusal(e: VerbsError, len: u64, pinned: u64) -> Error {
     Error::new(
         ErrorKind::PinBudget,
         format!(
-            "the kernel refused to pin {len} more bytes ({e}) with {pinned} pinned: raise `ulimit -l` \
-             (RLIMIT_MEMLOCK) or lower the pin budget"
+            "the kernel refused to pin {len} more bytes ({e}) with {pinned} pinned: {}; or lower the pin budget",
+            limits::memlock_advice()
         ),
     )
 }

@@ -587,6 +587,19 @@ impl Transfer {
         if pin_all {
             Counters::add(&self.shared.counters.registration_round_trips, 1);
         }
+        // An rdmamig destination answers a list it cannot match by name with no blocks.
+        if theirs.is_empty() && !specs.is_empty() {
+            let ours: Vec<String> = specs.iter().map(|s| format!("'{}' of {:#x} bytes", s.name, s.length)).collect();
+            return Err(Error::new(
+                ErrorKind::BlockMismatch,
+                format!(
+                    "RAM blocks mismatch: the destination matched none of this side's {} blocks ({}): it lacks one \
+                     of these names or has another number of blocks (its error names them)",
+                    specs.len(),
+                    ours.join(", ")
+                ),
+            ));
+        }
         if theirs.len() != self.ram.len() {
             return Err(Error::new(
                 ErrorKind::BlockMismatch,
