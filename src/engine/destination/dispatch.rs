@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use registered::Registered;
 
+use super::event::Event;
 use crate::engine::link::{protocol_error, Negotiated};
 use crate::engine::postcopy::{self, plan::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
-use crate::engine::{validate, Ending, Event};
+use crate::engine::{validate, Ending};
 use crate::host::GuestRange;
 use crate::wire::{
     BlockSpec, CommandType, Compress, DestBlock, EncodeError, EndSummary, Entry, Message, MessageWriter,

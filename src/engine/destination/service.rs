@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
-use super::Shared;
+use super::shared::Shared;
 use crate::engine::link::Link;
 use crate::engine::pin::{PinAll, Pins};
 use crate::engine::postcopy::destination::Blocked;

@@ -69,7 +69,8 @@ impl PinAll {
                             mrs.push(mr);
                         }
                         Err(e) => {
-                            let refused = super::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed));
+                            let refused =
+                                super::budget::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed));
                             release(Ok(mrs), &counting);
                             *theirs.lock() = Some(Err(refused));
                             return;

@@ -18,9 +18,11 @@ use std::collections::{HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender};
 
+use super::fetches::{Fetch, Fetches};
 use super::installer::{self, Done, Job};
 use super::plan::{read_tables, PlanBlock};
-use super::{Fetch, Fetches, PostcopyPhase, Progress, Recovery};
+use super::progress::{PostcopyPhase, Progress};
+use super::recovery::Recovery;
 use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::{protocol_error, Link};
 use crate::engine::pin::{PinnedBuffer, Pins};

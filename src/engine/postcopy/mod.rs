@@ -58,164 +58,17 @@
 //! run on zero-filled pages; SIGBUS through `UFFDIO_POISON` needs Linux 6.6.
 
 pub(crate) mod destination;
+mod fetches;
 mod installer;
 pub(crate) mod plan;
+mod progress;
+mod recovery;
 pub(crate) mod source;
-
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::mpsc::SyncSender;
-
-use std::time::Duration;
-
-use parking_lot::Mutex;
-
-use crate::host::wake::EventFd;
-
-use crate::engine::Config;
-use crate::wire::PostcopyRecovery;
-use crate::{Error, ErrorKind, Result};
+mod stale;
 
 pub use crate::wire::PostcopySummary;
-
-/// The stale pages of one block, for [`Source::postcopy`](crate::engine::Source::postcopy):
-/// bit `i % 64` of `bitmap[i / 64]` set means page `i` (4 KiB,
-/// [`wire::POSTCOPY_PAGE_SIZE`](crate::wire::POSTCOPY_PAGE_SIZE)) of block
-/// `block` must be read from the source. Blocks not listed have none.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StalePages {
-    pub block: u32,
-    pub bitmap: Vec<u64>,
-}
-
-/// Where a destination's post-copy is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum PostcopyPhase {
-    /// No POSTCOPY message yet.
-    Idle = 0,
-    /// The stale pages are dropped and faults are served: vCPUs may run.
-    Running = 1,
-    /// Every stale page is installed; POSTCOPY_DONE was sent.
-    Done = 2,
-}
-
-/// A destination's post-copy progress ([`Destination::postcopy_progress`](crate::engine::Destination::postcopy_progress)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PostcopyProgress {
-    pub phase: PostcopyPhase,
-    /// Stale pages announced by the source.
-    pub pages_total: u64,
-    /// Stale pages not installed yet.
-    pub pages_remaining: u64,
-    /// Faults served with a read of their own.
-    pub faults_served: u64,
-    /// Stale pages found present when they were to be installed (the guest
-    /// or another install got there first): skipped, never overwritten.
-    pub pages_skipped: u64,
-    /// Bytes read from the source.
-    pub bytes_pulled: u64,
-    /// Lost connections post-copy got back (`Config::postcopy_recovery`).
-    pub recoveries: u64,
-}
-
-/// The live counters behind [`PostcopyProgress`], updated by the post-copy thread.
-#[derive(Default)]
-pub(crate) struct Progress {
-    phase: AtomicU8,
-    pages_total: AtomicU64,
-    pages_remaining: AtomicU64,
-    faults_served: AtomicU64,
-    pages_skipped: AtomicU64,
-    bytes_pulled: AtomicU64,
-    recoveries: AtomicU64,
-}
-
-impl Progress {
-    pub fn snapshot(&self) -> PostcopyProgress {
-        let phase = match self.phase.load(Ordering::Acquire) {
-            0 => PostcopyPhase::Idle,
-            1 => PostcopyPhase::Running,
-            _ => PostcopyPhase::Done,
-        };
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        PostcopyProgress {
-            phase,
-            pages_total: get(&self.pages_total),
-            pages_remaining: get(&self.pages_remaining),
-            faults_served: get(&self.faults_served),
-            pages_skipped: get(&self.pages_skipped),
-            bytes_pulled: get(&self.bytes_pulled),
-            recoveries: get(&self.recoveries),
-        }
-    }
-
-    pub(crate) fn set_phase(&self, p: PostcopyPhase) {
-        self.phase.store(p as u8, Ordering::Release);
-    }
-}
-
-/// How a destination's post-copy gets a lost connection back: its own
-/// config (`postcopy_recovery`, the window) and where its source listens
-/// (POSTCOPY_RECOVERY).
-pub(crate) struct Recovery<'a> {
-    pub config: &'a Config,
-    pub window: Duration,
-    pub source: PostcopyRecovery,
-}
-
-/// Whether a post-copy connection that failed with `e` may be got back:
-/// the transport failed or the peer went silent; not the peer's ERROR, nor
-/// the hypervisor's abort, nor a malformed message or a local fault.
-pub(crate) fn recoverable(e: &Error) -> bool {
-    matches!(e.kind, ErrorKind::Disconnected | ErrorKind::Verbs | ErrorKind::Timeout)
-}
-
-/// Pages the hypervisor asks for before anything here faults on them
-/// ([`Destination::postcopy_fetch`](crate::engine::Destination::postcopy_fetch)),
-/// handed to the post-copy thread, which watches `wake`.
-pub(crate) struct Fetches {
-    queue: Mutex<Vec<Fetch>>,
-    /// Requests pushed since the last `take`: spares the post-copy loop a
-    /// system call and a lock per pass when there are none (nearly always).
-    queued: AtomicUsize,
-    wake: EventFd,
-}
-
-/// One request: `len` bytes at host address `addr`; `done` gets `()` once
-/// none of its pages is stale (dropped unanswered if post-copy fails).
-pub(crate) struct Fetch {
-    pub addr: u64,
-    pub len: u64,
-    pub done: SyncSender<()>,
-}
-
-impl Fetches {
-    pub fn new() -> Result<Fetches> {
-        Ok(Fetches { queue: Mutex::new(Vec::new()), queued: AtomicUsize::new(0), wake: EventFd::new()? })
-    }
-
-    /// Queue, signal, then count: a signal `take` has not drained belongs to
-    /// a request counted after it, so the eventfd never stays readable with
-    /// nothing counted (the loop would spin).
-    pub fn push(&self, fetch: Fetch) {
-        self.queue.lock().push(fetch);
-        self.wake.signal();
-        self.queued.fetch_add(1, Ordering::Release);
-    }
-
-    /// Moves the requests queued so far into `into`: the count is reset
-    /// first, then the eventfd, then the queue is taken, so a request whose
-    /// signal this drains is in the queue taken.
-    fn take(&self, into: &mut Vec<Fetch>) {
-        if self.queued.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        self.queued.store(0, Ordering::SeqCst);
-        self.wake.drain();
-        into.append(&mut self.queue.lock());
-    }
-
-    fn fd(&self) -> RawFd {
-        self.wake.fd()
-    }
-}
+pub(crate) use fetches::{Fetch, Fetches};
+pub(crate) use progress::Progress;
+pub use progress::{PostcopyPhase, PostcopyProgress};
+pub(crate) use recovery::{recoverable, Recovery};
+pub use stale::StalePages;
