@@ -6,8 +6,9 @@
 
 use std::time::Instant;
 
+use super::connection::Link;
+use super::errors::protocol_error;
 use super::seal::Seal;
-use super::{protocol_error, Link};
 use crate::engine::auth::{AuthKey, Proof, Role, Transcript};
 use crate::wire::{AuthProof, CommandType};
 use crate::{Error, ErrorKind, Result};

@@ -13,7 +13,8 @@
 //! vector, MTU, timeouts, READ depths) from the connection's QP. The
 //! exchange runs on the authenticated control channel, before POSTCOPY.
 
-use super::{protocol_error, Link};
+use super::connection::Link;
+use super::errors::protocol_error;
 use crate::verbs::{Access, QpCaps, QueuePair};
 use crate::wire::{CommandType, QpEndpoint};
 use crate::{Error, ErrorKind, Result};

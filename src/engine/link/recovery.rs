@@ -28,8 +28,8 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use super::connection::{Link, EVENT_POLL_INTERVAL, RESPONSE};
 use super::setup::{Admit, Listener, Resume};
-use super::{Link, EVENT_POLL_INTERVAL, RESPONSE};
 use crate::engine::Config;
 use crate::wire::{Message, RECOVERY_TOKEN_LEN};
 use crate::{Error, ErrorKind, Result};
