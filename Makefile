@@ -13,7 +13,7 @@
 #   make check           run the host C tests (capi/c-tests/test_*.c)
 #   make generate        regenerate the C side's mirrors of the library's lists, then the header
 #   make header          regenerate capi/include/rdmamig.h (cbindgen 0.29.4)
-#   make symbols         regenerate the golden list capi/abi/symbols.txt
+#   make symbols         regenerate the golden lists capi/abi/symbols.txt and values.txt
 #   make check-abi       scripts/check-abi.sh on the built library
 #   make docs            the C API reference (Doxygen, warnings as errors): target/doc-c/html/
 #                        and the man(3) pages, target/doc-c/man/man3/ (`make man`: only those)
@@ -252,6 +252,8 @@ header:
 symbols: all
 	bash scripts/check-abi.sh --list $(SHLIB) > capi/abi/symbols.txt
 	@echo "capi/abi/symbols.txt: $$(wc -l < capi/abi/symbols.txt) symbols"
+	bash scripts/check-abi.sh --values > capi/abi/values.txt
+	@echo "capi/abi/values.txt: $$(wc -l < capi/abi/values.txt) values"
 
 check-abi: all
 	bash scripts/check-abi.sh $(SHLIB)

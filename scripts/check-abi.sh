@@ -5,13 +5,32 @@
 #      and, for the test-only ones, capi/c-tests/rdmamig_testing.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
 #   4. every exported symbol carries a version node of capi/abi/rdmamig.map
-#      (today: RDMAMIG_0.1 to RDMAMIG_0.13), none is unversioned.
+#      (today: RDMAMIG_0.1 to RDMAMIG_0.13), none is unversioned;
+#   5. the header's values (enum values, constants, struct sizes) are exactly
+#      capi/abi/values.txt: a value that changed, vanished or came without
+#      being recorded fails (a change of meaning must be deliberate, and
+#      listed in docs/abi-changes.md).
 #
 # Usage: scripts/check-abi.sh [LIB]         (default: target/lib/librdmamig.so.<version>)
 #        scripts/check-abi.sh --list [LIB]  print the exported symbols (make symbols)
+#        scripts/check-abi.sh --values      print the header's values (make symbols)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# NAME = VALUE for every enum value and constant of the header (the
+# version macros change with every release and are left out).
+header_values() {
+    {
+        grep -E '^[[:space:]]+RDMAMIG_[A-Z0-9_]+ = [0-9]+,?$' capi/include/rdmamig.h | sed -E 's/^[[:space:]]+//; s/,$//'
+        grep -E '^#define RDMAMIG_[A-Z0-9_]+ ' capi/include/rdmamig.h | grep -v '^#define RDMAMIG_VERSION_' \
+            | sed -E 's/^#define ([A-Z0-9_]+) (.*)$/\1 = \2/'
+    } | LC_ALL=C sort
+}
+
+if [[ "${1:-}" == "--values" ]]; then
+    header_values
+    exit 0
+fi
 list=0
 if [[ "${1:-}" == "--list" ]]; then list=1; shift; fi
 version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)
@@ -85,9 +104,18 @@ if [[ $(wc -l < "$tmp/versions") -ne $(wc -l < "$tmp/exported") ]]; then
 fi
 (( bad )) && fail=1
 
+# 5. values
+header_values > "$tmp/values"
+if ! diff -u --label capi/abi/values.txt --label capi/include/rdmamig.h capi/abi/values.txt "$tmp/values"; then
+    echo "check-abi: FAIL: the header's values differ from capi/abi/values.txt" >&2
+    echo "           (a new value: run 'make symbols' and commit capi/abi/values.txt; a changed or" >&2
+    echo "           removed one changes the meaning of the ABI: list it in docs/abi-changes.md)" >&2
+    fail=1
+fi
+
 n=$(wc -l < "$tmp/exported")
 if (( fail )); then
     echo "check-abi: FAIL ($lib)" >&2
     exit 1
 fi
-echo "check-abi: OK: $n symbols = capi/abi/symbols.txt = capi/include/rdmamig.h + capi/c-tests/rdmamig_testing.h, SONAME $soname, versions: $nodes"
+echo "check-abi: OK: $n symbols = capi/abi/symbols.txt = capi/include/rdmamig.h + capi/c-tests/rdmamig_testing.h, SONAME $soname, versions: $nodes, $(wc -l < "$tmp/values") values = capi/abi/values.txt"
