@@ -240,10 +240,11 @@ $(BENCH_DEMO): capi/c-tests/rdma_test_demo.c capi/include/rdmamig.h $(SHLIB) $(L
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Icapi/include -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 
-# The C side's mirrors of the library's lists (the counters of rdmamig_stats,
-# generated from rdmamig::Stats::FIELDS), then the header from them.
+# What the C side generates (the counters of rdmamig_stats from
+# rdmamig::Stats::FIELDS; the thread-safety list of rdmamig_conn from the
+# functions' signatures), then the header from it.
 generate:
-	RDMAMIG_REGENERATE=1 $(CARGO) test --release -p rdmamig-capi --lib -- counters_are_generated_from_the_library
+	RDMAMIG_REGENERATE=1 $(CARGO) test --release -p rdmamig-capi --lib -- generated_
 	$(MAKE) header
 
 header:

@@ -418,18 +418,18 @@ typedef struct rdmamig_config rdmamig_config;
  * Ownership: free with `rdmamig_conn_free`, which also closes the
  * connection. The RAM registered for it must stay mapped until then.
  *
- * Thread safety: the functions that take a `const rdmamig_conn *`
- * (`rdmamig_conn_save`, `rdmamig_conn_save_ranges`,
- * `rdmamig_conn_save_bitmap`, `rdmamig_conn_get`,
- * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end`,
- * `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
- * `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
- * `rdmamig_conn_negotiated_postcopy_recovery`,
- * `rdmamig_conn_negotiated_authenticated`, `rdmamig_conn_get_stats`,
- * `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
- * `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
- * `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_error_message`) may run at
- * the same time, from any threads. Every other function, and the callbacks of
+ * Thread safety: the functions that take a `const rdmamig_conn *` may run
+ * at the same time, from any threads:
+ * `rdmamig_conn_abort`, `rdmamig_conn_error_message`, `rdmamig_conn_event_fd`,
+ * `rdmamig_conn_get_stats`, `rdmamig_conn_get`, `rdmamig_conn_hint`,
+ * `rdmamig_conn_negotiated_authenticated`,
+ * `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_negotiated`,
+ * `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_postcopy_progress`,
+ * `rdmamig_conn_put_return`, `rdmamig_conn_save_bitmap`,
+ * `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
+ * `rdmamig_conn_set_max_bandwidth`, `rdmamig_conn_wait_end`,
+ * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy`.
+ * Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, runs one at a time (each says whether
  * `rdmamig_conn_save` may run alongside it), while the `const` calls,
  * `rdmamig_conn_abort` among them, may run meanwhile (during

@@ -28,18 +28,20 @@ use rdmamig::{Ending, Hint, Read, SaveRange, Source, Unregistration};
 /// Ownership: free with `rdmamig_conn_free`, which also closes the
 /// connection. The RAM registered for it must stay mapped until then.
 ///
-/// Thread safety: the functions that take a `const rdmamig_conn *`
-/// (`rdmamig_conn_save`, `rdmamig_conn_save_ranges`,
-/// `rdmamig_conn_save_bitmap`, `rdmamig_conn_get`,
-/// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end`,
-/// `rdmamig_conn_put_return`, `rdmamig_conn_set_max_bandwidth`,
-/// `rdmamig_conn_abort`, `rdmamig_conn_negotiated`,
-/// `rdmamig_conn_negotiated_postcopy_recovery`,
-/// `rdmamig_conn_negotiated_authenticated`, `rdmamig_conn_get_stats`,
-/// `rdmamig_conn_hint`, `rdmamig_conn_event_fd`,
-/// `rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`,
-/// `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_error_message`) may run at
-/// the same time, from any threads. Every other function, and the callbacks of
+/// Thread safety: the functions that take a `const rdmamig_conn *` may run
+/// at the same time, from any threads:
+// BEGIN generated from the functions' signatures (make generate)
+/// `rdmamig_conn_abort`, `rdmamig_conn_error_message`, `rdmamig_conn_event_fd`,
+/// `rdmamig_conn_get_stats`, `rdmamig_conn_get`, `rdmamig_conn_hint`,
+/// `rdmamig_conn_negotiated_authenticated`,
+/// `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_negotiated`,
+/// `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_postcopy_progress`,
+/// `rdmamig_conn_put_return`, `rdmamig_conn_save_bitmap`,
+/// `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
+/// `rdmamig_conn_set_max_bandwidth`, `rdmamig_conn_wait_end`,
+/// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy`.
+// END generated
+/// Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, runs one at a time (each says whether
 /// `rdmamig_conn_save` may run alongside it), while the `const` calls,
 /// `rdmamig_conn_abort` among them, may run meanwhile (during
@@ -704,6 +706,48 @@ pub extern "C" fn rdmamig_conn_error_message(conn: *const rdmamig_conn, buf: *mu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The list of the functions that may run concurrently, in the doc of
+    /// `rdmamig_conn`, is what their signatures say (`const rdmamig_conn *`);
+    /// `RDMAMIG_REGENERATE=1` rewrites it (`make generate`).
+    #[test]
+    fn generated_thread_safety_list() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut names: Vec<String> = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            for decl in text.split("pub extern \"C\" fn ").skip(1) {
+                let (name, rest) = decl.split_once('(').unwrap();
+                let params = rest.split_once(')').unwrap().0;
+                let first = params.split(',').next().unwrap();
+                if first.split_once(':').is_some_and(|(_, ty)| ty.trim() == "*const rdmamig_conn") {
+                    names.push(format!("`{name}`"));
+                }
+            }
+        }
+        names.sort();
+        let mut lines = vec![String::from("///")];
+        for (i, name) in names.iter().enumerate() {
+            let item = if i + 1 == names.len() { format!("{name}.") } else { format!("{name},") };
+            if lines.last().unwrap().len() + 1 + item.len() > 80 {
+                lines.push(String::from("///"));
+            }
+            let line = lines.last_mut().unwrap();
+            line.push(' ');
+            line.push_str(&item);
+        }
+        let generated: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/conn.rs");
+        let text = std::fs::read_to_string(path).unwrap();
+        let (begin, end) = ("// BEGIN generated from the functions' signatures (make generate)\n", "// END generated");
+        let start = text.find(begin).expect("BEGIN marker") + begin.len();
+        let stop = start + text[start..].find(end).expect("END marker");
+        if std::env::var_os("RDMAMIG_REGENERATE").is_some() {
+            std::fs::write(path, format!("{}{generated}{}", &text[..start], &text[stop..])).unwrap();
+        } else {
+            assert_eq!(text[start..stop], generated, "capi/src/conn.rs is stale: run `make generate`");
+        }
+    }
     use rdmamig_status::*;
     use std::ptr::{null, null_mut};
 

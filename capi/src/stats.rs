@@ -27,7 +27,7 @@ pub const RDMAMIG_STATS_SIZE_V1: u32 = 88;
 // (`Stats::FIELDS`, src/engine/stats.rs): add a counter there, then
 // `make generate` rewrites the lines between the markers below and the
 // header. (cbindgen reads this plain struct for the header: it cannot expand
-// macros on stable Rust.) The test `counters_are_generated_from_the_library`
+// macros on stable Rust.) The test `generated_stats_counters`
 // fails while they differ.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -173,7 +173,7 @@ mod tests {
     /// The counters between the markers are `Stats::FIELDS`, each with its
     /// doc; `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
     #[test]
-    fn counters_are_generated_from_the_library() {
+    fn generated_stats_counters() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stats.rs");
         let text = std::fs::read_to_string(path).unwrap();
         let (begin, end) = ("// BEGIN generated from rdmamig::Stats::FIELDS (make generate)\n", "    // END generated");
