@@ -11,7 +11,7 @@ use std::os::raw::c_char;
 ///   holds valid UTF-8.
 /// - `buf == NULL` or `buf_len == 0` writes nothing (the size query
 ///   `f(obj, NULL, 0)`); whether NULL with `buf_len > 0` is an error is the
-///   caller's decision (use `last_error::bytes_mut` to make it one).
+///   caller's decision (use `args::bytes_mut` to make it one).
 ///
 /// So the caller's idiom is: `n = f(obj, buf, sizeof buf); if (n >= sizeof buf)
 /// truncated, need n + 1 bytes`.

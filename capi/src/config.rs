@@ -1,8 +1,9 @@
 //! `rdmamig_config`: connection settings (the smallest complete handle; copy
 //! its shape when adding a handle).
 
+use super::args::{bytes, handle_mut, string};
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{bytes, handle_mut, record, string, Failure};
+use super::last_error::{record, Failure};
 use super::status::rdmamig_status;
 use rdmamig::{AuthKey, Config, SourcePrefix};
 use std::os::raw::c_char;

@@ -1,7 +1,8 @@
 //! Device probe.
 
+use super::args::opt_string;
 use super::buffer::copy_to_c_buf;
-use super::last_error::{opt_string, record, Failure};
+use super::last_error::{record, Failure};
 use super::status::rdmamig_status;
 use std::os::raw::c_char;
 

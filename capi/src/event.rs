@@ -6,8 +6,9 @@ use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 use std::time::Duration;
 
+use super::args::{handle, out_ref};
 use super::conn::{rdmamig_conn, run};
-use super::last_error::{handle, out_ref, record};
+use super::last_error::record;
 use super::listener::rdmamig_listener;
 use super::status::rdmamig_status;
 

@@ -1,8 +1,9 @@
 //! `rdmamig_fabric`, `rdmamig_fabric_plan`: the InfiniBand vSwitch
 //! reconfiguration planner (`rdmamig::fabric`) for C toolstacks.
 
+use super::args::{handle, handle_mut, items, opt_out, out_ref};
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{handle, handle_mut, items, opt_out, out_ref, record, record_or, Failure};
+use super::last_error::{record, record_or, Failure};
 use super::status::rdmamig_status;
 use rdmamig::fabric::{
     apply_checked, plan, FatTree, HypervisorSmp, Migration, Mode, Owner, Plan, Topology, LFT_BLOCK, NO_ROUTE,
@@ -318,7 +319,7 @@ pub extern "C" fn rdmamig_fabric_get_lft(
         const F: &str = "rdmamig_fabric_get_lft";
         record(|| {
             let t = handle(fabric, F, "fabric")?;
-            let out = super::last_error::bytes_mut(ports, count, F, "ports")?;
+            let out = super::args::bytes_mut(ports, count, F, "ports")?;
             let s = &t.switches()[switch_of(t, switch_lid, F)?];
             if usize::from(first_lid) + count > 0x10000 {
                 return Err(Failure::invalid(format!("{F}: LIDs {first_lid}+{count} pass 0xFFFF")));

@@ -102,7 +102,8 @@ pub(crate) fn try_slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::last_error::{handle, handle_mut, items, out_ref, record, record_or, string, Failure};
+    use crate::args::{handle, handle_mut, items, out_ref, string};
+    use crate::last_error::{record, record_or, Failure};
     use crate::status::rdmamig_status::{self, *};
 
     pub struct rdmamig_dummy {

@@ -9,7 +9,7 @@
 //! - Handles are opaque zero-sized structs (`pub struct rdmamig_x { _private: [u8; 0] }`)
 //!   tied to their Rust type by [`handle::Castable`]; they are created and freed
 //!   only by the library. `_free(NULL)` is a no-op.
-//! - Arguments are checked with one toolkit, `last_error.rs`: the body is a
+//! - Arguments are checked with one toolkit, `args.rs`: the body is a
 //!   closure returning `Result<_, Failure>` run by `record` (or `record_or`,
 //!   or a connection's `conn::run`), and each pointer goes through `handle`,
 //!   `handle_mut`, `out_ref`, `string`, `bytes`, `items`, ... first; a NULL
@@ -30,6 +30,7 @@
 
 #[macro_use]
 mod macros;
+pub(crate) mod args;
 pub(crate) mod boundary;
 pub(crate) mod buffer;
 pub(crate) mod connection;

@@ -2,11 +2,12 @@
 
 use std::os::raw::c_char;
 
+use super::args::{handle, out_ref, string};
 use super::config::rdmamig_config;
 use super::conn::rdmamig_conn;
 use super::event::wait_of;
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{handle, out_ref, record, record_or, string};
+use super::last_error::{record, record_or};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
 use crate::connection::Connection;

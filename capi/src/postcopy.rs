@@ -3,9 +3,10 @@
 //! (`rdmamig_conn_wait_postcopy`, `rdmamig_conn_postcopy_progress`). The
 //! logic is the engine's (`Source::postcopy`, `Destination::wait_postcopy`).
 
+use super::args::{items, opt_out};
 use super::conn::{rdmamig_conn, run};
 use super::event::wait_of;
-use super::last_error::{items, opt_out, Failure};
+use super::last_error::Failure;
 use super::status::rdmamig_status;
 use super::versioned::{self, VersionedBySize};
 use rdmamig::{PostcopyPhase, PostcopyProgress, StalePages};

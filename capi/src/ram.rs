@@ -3,8 +3,9 @@
 use std::os::fd::BorrowedFd;
 use std::os::raw::{c_char, c_int, c_void};
 
+use super::args::{handle, handle_mut, opt_out, string};
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
-use super::last_error::{handle, handle_mut, opt_out, record, record_or, string, Failure};
+use super::last_error::{record, record_or, Failure};
 use super::status::rdmamig_status;
 use rdmamig::RamBlocks;
 

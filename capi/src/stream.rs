@@ -4,8 +4,9 @@ use std::os::raw::{c_int, c_void};
 
 use libc::{iovec, ssize_t};
 
+use super::args::{bytes, bytes_mut, handle, items, out_ref};
 use super::conn::{keep, rdmamig_conn, run};
-use super::last_error::{bytes, bytes_mut, handle, items, out_ref, Failure};
+use super::last_error::Failure;
 use super::status::rdmamig_status;
 use crate::connection::Connection;
 use rdmamig::Read;
