@@ -112,6 +112,18 @@ impl GuestRange {
         Err((remove, std::io::Error::last_os_error()))
     }
 
+    /// Populates the range's pages for writing (`MADV_POPULATE_WRITE`,
+    /// widened to whole pages). Best effort: a kernel without it (before
+    /// 5.14) leaves the faulting to whoever touches or pins the pages.
+    pub fn populate_write(&self) {
+        let page = super::pagemap::page_size();
+        let aligned = self.addr() & !(page - 1);
+        let span = (self.addr() + self.len - aligned).next_multiple_of(page);
+        // SAFETY: guest RAM (the type's contract), and the pages around its
+        // ends are mapped too; populating changes neither contents nor mapping.
+        unsafe { libc::madvise(aligned as *mut libc::c_void, span as usize, libc::MADV_POPULATE_WRITE) };
+    }
+
     /// Makes the range inaccessible (`mprotect(PROT_NONE)`): a thread that
     /// touches it gets SIGSEGV (under KVM, `KVM_RUN` fails with `EFAULT`).
     pub fn protect_none(&self) -> std::io::Result<()> {

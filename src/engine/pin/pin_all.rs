@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
-use crate::host::pagemap::page_size;
+use crate::host::GuestRange;
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain};
 use crate::{Error, ErrorKind, Result};
 
@@ -59,7 +59,7 @@ impl PinAll {
             .spawn(move || {
                 let mut mrs = Vec::with_capacity(ram.len());
                 for b in ram.blocks() {
-                    prefault(b.host, b.length, spare_cpus, &cancelled, &counting);
+                    prefault(b.range(0, b.length), spare_cpus, &cancelled, &counting);
                     if cancelled.load(Ordering::Relaxed) {
                         break; // the result is dropped unread
                     }
@@ -118,12 +118,11 @@ fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     }
 }
 
-/// Populates `len` bytes at `host` for writing, in pieces on as many threads
-/// as there are CPUs but `spare_cpus`, until `cancel` is set. Best effort: a
-/// kernel without MADV_POPULATE_WRITE (before 5.14) leaves the faulting to
-/// the registration itself.
-fn prefault(host: usize, len: u64, spare_cpus: usize, cancel: &AtomicBool, counters: &Counters) {
-    let page = page_size();
+/// Populates `guest` for writing (`GuestRange::populate_write`), in pieces
+/// on as many threads as there are CPUs but `spare_cpus`, until `cancel` is
+/// set.
+fn prefault(guest: GuestRange, spare_cpus: usize, cancel: &AtomicBool, counters: &Counters) {
+    let len = guest.len();
     let pieces = len.div_ceil(PIECE);
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cpus.saturating_sub(spare_cpus).clamp(1, MAX_THREADS).min(pieces as usize);
@@ -140,14 +139,10 @@ fn prefault(host: usize, len: u64, spare_cpus: usize, cancel: &AtomicBool, count
                     if i >= pieces || cancel.load(Ordering::Relaxed) {
                         return;
                     }
-                    let start = host as u64 + i * PIECE;
-                    let end = (start + PIECE).min(host as u64 + len);
-                    // madvise wants page-aligned ranges; the pages around the block's ends are mapped too.
-                    let aligned = start & !(page - 1);
-                    let span = (end - aligned).next_multiple_of(page);
-                    // SAFETY: populating neither changes memory contents nor the mapping.
-                    unsafe { libc::madvise(aligned as *mut libc::c_void, span as usize, libc::MADV_POPULATE_WRITE) };
-                    Counters::add(&counters.pin_all_progress_bytes, end - start);
+                    let start = i * PIECE;
+                    let n = PIECE.min(len - start);
+                    guest.sub(start, n).populate_write();
+                    Counters::add(&counters.pin_all_progress_bytes, n);
                 }
             });
         }
@@ -157,23 +152,19 @@ fn prefault(host: usize, len: u64, spare_cpus: usize, cancel: &AtomicBool, count
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::pagemap::{entries, PM_PRESENT};
+    use crate::host::guest::testing::Mapping;
+    use crate::host::pagemap::{entries, page_size, PM_PRESENT};
 
     /// Pages present in a fresh mapping of three pieces after `prefault`
     /// with `cancel` as given, and the progress it counted.
     fn prefaulted(cancelled: bool) -> (u64, u64) {
         let len = 3 * PIECE;
-        // SAFETY: a fresh private anonymous mapping, unmapped below.
-        unsafe {
-            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-            let ptr = libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-            assert_ne!(ptr, libc::MAP_FAILED);
-            let counters = Counters::default();
-            prefault(ptr as usize, len, 0, &AtomicBool::new(cancelled), &counters);
-            let present = entries(ptr.cast(), len / page_size(), PM_PRESENT).iter().filter(|&&e| e != 0).count();
-            libc::munmap(ptr, len as usize);
-            (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed))
-        }
+        let mem = Mapping::anonymous(len);
+        let counters = Counters::default();
+        prefault(mem.range(), 0, &AtomicBool::new(cancelled), &counters);
+        let ptr = mem.range().addr() as *const u8;
+        let present = entries(ptr, len / page_size(), PM_PRESENT).iter().filter(|&&e| e != 0).count();
+        (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed))
     }
 
     #[test]
