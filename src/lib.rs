@@ -67,6 +67,7 @@ pub use logging::{set_log_hook, Level as LogLevel, LogHook};
 pub mod fuzzing {
     pub use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
     pub use crate::engine::postcopy::plan::PlanBlock;
+    pub use crate::host::GuestRange;
 }
 
 /// What the save-path benchmark (`examples/save_path.rs`) drives directly,

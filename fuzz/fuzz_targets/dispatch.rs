@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use rdmamig::engine::stats::Counters;
-use rdmamig::fuzzing::{Dispatcher, Registrar, Reply, Step};
+use rdmamig::fuzzing::{Dispatcher, GuestRange, Registrar, Reply, Step};
 use rdmamig::wire::{decode_message, CommandType, MessageWriter, CONTROL_BUFFER_SIZE, CONTROL_HEADER_LEN};
 use rdmamig::{Error, ErrorKind, Negotiated, RamBlocks, Result};
 use rdmamig_fuzz::dispatch::{BLOCKS, BUDGETS, BUDGET_SHIFT, MODE_EXTENSIONS, MODE_PIN_ALL, MODE_RECOVERY};
@@ -146,10 +146,11 @@ impl Registrar for FakePins {
         }
     }
 
-    unsafe fn register_remote(&mut self, ptr: *mut u8, len: u64) -> Result<Token> {
+    fn register_remote(&mut self, guest: &GuestRange) -> Result<Token> {
         // What the dispatcher registers it has checked against the budget.
+        let len = guest.len();
         assert!(self.check_budget(len).is_ok(), "registered {len} bytes past the budget");
-        Ok(self.add(ptr as usize, len as usize))
+        Ok(self.add(guest.addr() as usize, len as usize))
     }
 
     fn rkey(token: &Token) -> u32 {

@@ -14,5 +14,5 @@ pub(crate) mod uffd;
 pub(crate) mod wake;
 pub(crate) mod zero;
 
-pub(crate) use guest::GuestRange;
+pub use guest::GuestRange;
 pub(crate) use page_buffer::RegisteredBuffer;
