@@ -13,7 +13,7 @@ use parking_lot::{Condvar, Mutex};
 use super::dispatch::Observer;
 use super::service::Service;
 use super::shared::{Shared, State};
-use crate::engine::link::{Link, Listener, Negotiated};
+use crate::engine::link::{self, Link, Listener, Negotiated};
 use crate::engine::pin::{self, Pins, Unregistration};
 use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, PostcopyProgress, Progress};
 use crate::engine::ram::RamBlocks;
@@ -96,14 +96,14 @@ impl Destination {
         }
         let counters = Arc::new(Counters::new());
         let event = Readiness::new()?;
-        let link = Link::accept(listener, ram.total_bytes(), counters.clone(), timeout).inspect_err(|e| {
+        let link = link::accept(listener, ram.total_bytes(), counters.clone(), timeout).inspect_err(|e| {
             let level = if e.kind == ErrorKind::Cancelled { logging::Level::Info } else { logging::Level::Error };
             logging::log(level, format_args!("destination: accepting a source failed: {e}"));
         })?;
         // QEMU opens it right after the first is established, before it sends
         // anything on the first (an rdmamig source opens none).
         let return_channel = if listener.config().return_path && !link.negotiated.extensions {
-            ReturnChannel::Open(Box::new(Link::accept_return(listener, &link, ram.total_bytes(), counters.clone())?))
+            ReturnChannel::Open(Box::new(link::accept_return(listener, &link, ram.total_bytes(), counters.clone())?))
         } else {
             ReturnChannel::Absent
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
 use super::shared::Shared;
-use crate::engine::link::Link;
+use crate::engine::link::{self, Link};
 use crate::engine::pin::{PinAll, Pins};
 use crate::engine::postcopy::destination::Blocked;
 use crate::engine::postcopy::plan::PlanBlock;
@@ -198,7 +198,7 @@ impl Service {
                     logging::debug(format_args!("destination: iteration window {n} complete"));
                     #[cfg(feature = "rdma-tests")]
                     if SEVER_AFTER_WINDOWS.compare_exchange(n, 0, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-                        self.link.sever_for_test()?;
+                        link::sever_for_test(&self.link)?;
                     }
                 }
                 Step::Answer(reply) => self.answer(&reply)?,
@@ -209,7 +209,7 @@ impl Service {
                     self.answer(&self.dispatcher.blocks_result())?;
                 }
                 Step::Postcopy(plan) => self.postcopy(plan)?,
-                Step::FaultQp(remote) => self.link.accept_fault_qp(remote)?,
+                Step::FaultQp(remote) => link::accept_fault_qp(&mut self.link, remote)?,
                 Step::Recovery(source) => self.recovery = Some(source),
                 Step::Last(reply, end) => {
                     self.answer(&reply)?;
@@ -246,7 +246,7 @@ impl Service {
             &mut self.postcopy_blocked,
             recovery,
         )?;
-        self.link.close_fault_qp();
+        link::close_fault_qp(&mut self.link);
         self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;
         self.shared.postcopy.set_phase(PostcopyPhase::Done);
         notify();

@@ -17,61 +17,59 @@ pub(super) fn auth_error(message: String) -> Error {
     Error::new(ErrorKind::Auth, message)
 }
 
-impl Link {
-    /// Connecting side, once connected with a key: checks the accepting
-    /// side's proof, then sends its own (AUTH).
-    pub(super) fn authenticate(&mut self, key: &AuthKey, t: &Transcript, proof: &Proof) -> Result<()> {
-        if !key.verify(Role::Destination, t, proof) {
-            return Err(auth_error(
-                "the destination failed to prove the pre-shared key for this connection (the keys differ, a host \
-                 in between relays the connection, or the peer runs rdmamig older than 0.12)"
-                    .into(),
-            ));
+/// Connecting side, once connected with a key: checks the accepting
+/// side's proof, then sends its own (AUTH).
+pub(super) fn authenticate(link: &mut Link, key: &AuthKey, t: &Transcript, proof: &Proof) -> Result<()> {
+    if !key.verify(Role::Destination, t, proof) {
+        return Err(auth_error(
+            "the destination failed to prove the pre-shared key for this connection (the keys differ, a host \
+             in between relays the connection, or the peer runs rdmamig older than 0.12)"
+                .into(),
+        ));
+    }
+    let proof = AuthProof { tag: key.prove(Role::Source, t) };
+    link.post_message(CommandType::Auth, |w| w.push(&proof))?;
+    seal_with(link, key, t, Role::Source);
+    Ok(())
+}
+
+/// Accepting side: the connecting side's first message must be AUTH
+/// with its proof, by `deadline`. Anything else refuses it
+/// (`ErrorKind::Auth`) before any guest memory is registered.
+pub(super) fn check_source_proof(
+    link: &mut Link,
+    key: &AuthKey,
+    t: &Transcript,
+    from: &str,
+    deadline: Instant,
+) -> Result<()> {
+    let proof = link.receive_by(Some(deadline), |m| match m.kind {
+        CommandType::Auth => m.collect_entries::<AuthProof>().map_err(protocol_error).map(|p| p[0]),
+        other => Err(Error::new(ErrorKind::Protocol, format!("expected AUTH, got {other:?}"))),
+    });
+    let refused = match proof {
+        Ok(p) if key.verify(Role::Source, t, &p.tag) => {
+            seal_with(link, key, t, Role::Destination);
+            return Ok(());
         }
-        let proof = AuthProof { tag: key.prove(Role::Source, t) };
-        self.post_message(CommandType::Auth, |w| w.push(&proof))?;
-        self.seal_with(key, t, Role::Source);
-        Ok(())
-    }
+        Ok(_) => format!(
+            "the source from {from} failed to prove the pre-shared key for this connection (the keys differ, a \
+             host in between relays the connection, or the peer runs rdmamig older than 0.12)"
+        ),
+        // A peer that sent nothing (or is gone) gets no ERROR: waiting
+        // for it to take one would hold this handshake past its deadline.
+        Err(e) if matches!(e.kind, ErrorKind::Timeout | ErrorKind::Disconnected | ErrorKind::Aborted) => {
+            return Err(auth_error(format!("the source from {from} did not authenticate: {}", e.message)))
+        }
+        Err(e) => format!("the source from {from} did not authenticate: {}", e.message),
+    };
+    link.send_error();
+    Err(auth_error(refused))
+}
 
-    /// Accepting side: the connecting side's first message must be AUTH
-    /// with its proof, by `deadline`. Anything else refuses it
-    /// (`ErrorKind::Auth`) before any guest memory is registered.
-    pub(super) fn check_source_proof(
-        &mut self,
-        key: &AuthKey,
-        t: &Transcript,
-        from: &str,
-        deadline: Instant,
-    ) -> Result<()> {
-        let proof = self.receive_by(Some(deadline), |m| match m.kind {
-            CommandType::Auth => m.collect_entries::<AuthProof>().map_err(protocol_error).map(|p| p[0]),
-            other => Err(Error::new(ErrorKind::Protocol, format!("expected AUTH, got {other:?}"))),
-        });
-        let refused = match proof {
-            Ok(p) if key.verify(Role::Source, t, &p.tag) => {
-                self.seal_with(key, t, Role::Destination);
-                return Ok(());
-            }
-            Ok(_) => format!(
-                "the source from {from} failed to prove the pre-shared key for this connection (the keys differ, a \
-                 host in between relays the connection, or the peer runs rdmamig older than 0.12)"
-            ),
-            // A peer that sent nothing (or is gone) gets no ERROR: waiting
-            // for it to take one would hold this handshake past its deadline.
-            Err(e) if matches!(e.kind, ErrorKind::Timeout | ErrorKind::Disconnected | ErrorKind::Aborted) => {
-                return Err(auth_error(format!("the source from {from} did not authenticate: {}", e.message)))
-            }
-            Err(e) => format!("the source from {from} did not authenticate: {}", e.message),
-        };
-        self.send_error();
-        Err(auth_error(refused))
-    }
-
-    /// From here on, control messages are tagged under the handshake's session.
-    fn seal_with(&mut self, key: &AuthKey, t: &Transcript, role: Role) {
-        let session = key.session(t);
-        self.seal = Some(Seal::new(&session, role));
-        self.session = Some(session);
-    }
+/// From here on, control messages are tagged under the handshake's session.
+fn seal_with(link: &mut Link, key: &AuthKey, t: &Transcript, role: Role) {
+    let session = key.session(t);
+    link.seal = Some(Seal::new(&session, role));
+    link.session = Some(session);
 }

@@ -31,39 +31,37 @@ fn random_psn() -> Result<u32> {
     Ok(u32::from_ne_bytes(b) & 0xff_ffff)
 }
 
-impl Link {
-    /// Source side: sets up the fault QP with the destination (a request and
-    /// its response); the destination may read this side's remote-read MRs
-    /// through it. Kept until [`close_fault_qp`](Self::close_fault_qp) or the link's end.
-    pub fn open_fault_qp(&mut self) -> Result<()> {
-        let qp = QueuePair::companion(&self.pd, &self.cq, FAULT_QP_CAPS)?;
-        let local = QpEndpoint { qpn: qp.qp_num(), psn: random_psn()? };
-        let remote = self.request(
-            CommandType::PostcopyFaultQp,
-            |w| w.push(&local),
-            CommandType::PostcopyFaultQpResult,
-            |m| m.entries::<QpEndpoint>().next().expect("decode_message checked one entry").map_err(protocol_error),
-        )?;
-        qp.connect_like(&self.qp, Access::REMOTE_READ, remote.qpn, remote.psn, local.psn)?;
-        self.fault_qp = Some(qp);
-        Ok(())
-    }
+/// Source side: sets up the fault QP with the destination (a request and
+/// its response); the destination may read this side's remote-read MRs
+/// through it. Kept until [`close_fault_qp`](Link::close_fault_qp) or the link's end.
+pub(crate) fn open_fault_qp(link: &mut Link) -> Result<()> {
+    let qp = QueuePair::companion(&link.pd, &link.cq, FAULT_QP_CAPS)?;
+    let local = QpEndpoint { qpn: qp.qp_num(), psn: random_psn()? };
+    let remote = link.request(
+        CommandType::PostcopyFaultQp,
+        |w| w.push(&local),
+        CommandType::PostcopyFaultQpResult,
+        |m| m.entries::<QpEndpoint>().next().expect("decode_message checked one entry").map_err(protocol_error),
+    )?;
+    qp.connect_like(&link.qp, Access::REMOTE_READ, remote.qpn, remote.psn, local.psn)?;
+    link.fault_qp = Some(qp);
+    Ok(())
+}
 
-    /// Destination side, on the source's POSTCOPY_FAULT_QP: makes and
-    /// connects this side's fault QP (it only reads) and answers with it.
-    pub fn accept_fault_qp(&mut self, remote: QpEndpoint) -> Result<()> {
-        if self.fault_qp.is_some() {
-            return Err(protocol_error("a second POSTCOPY_FAULT_QP"));
-        }
-        let qp = QueuePair::companion(&self.pd, &self.cq, FAULT_QP_CAPS)?;
-        let local = QpEndpoint { qpn: qp.qp_num(), psn: random_psn()? };
-        qp.connect_like(&self.qp, Access::empty(), remote.qpn, remote.psn, local.psn)?;
-        self.fault_qp = Some(qp);
-        self.respond(CommandType::PostcopyFaultQpResult, |w| w.push(&local))
+/// Destination side, on the source's POSTCOPY_FAULT_QP: makes and
+/// connects this side's fault QP (it only reads) and answers with it.
+pub(crate) fn accept_fault_qp(link: &mut Link, remote: QpEndpoint) -> Result<()> {
+    if link.fault_qp.is_some() {
+        return Err(protocol_error("a second POSTCOPY_FAULT_QP"));
     }
+    let qp = QueuePair::companion(&link.pd, &link.cq, FAULT_QP_CAPS)?;
+    let local = QpEndpoint { qpn: qp.qp_num(), psn: random_psn()? };
+    qp.connect_like(&link.qp, Access::empty(), remote.qpn, remote.psn, local.psn)?;
+    link.fault_qp = Some(qp);
+    link.respond(CommandType::PostcopyFaultQpResult, |w| w.push(&local))
+}
 
-    /// Destroys the fault QP (post-copy is over).
-    pub fn close_fault_qp(&mut self) {
-        self.fault_qp = None;
-    }
+/// Destroys the fault QP (post-copy is over).
+pub(crate) fn close_fault_qp(link: &mut Link) {
+    link.fault_qp = None;
 }

@@ -1,7 +1,9 @@
-//! One RDMA connection (`connection`: the `Link`) and how it is set up
-//! (`setup`: resolution, connect, accept, the listener), authenticated
-//! (`auth`, `seal`), given a second queue pair for post-copy's faults
-//! (`fault_qp`) and got back after a loss (`recovery`).
+//! One RDMA connection (`connection`: the `Link`, its control channel,
+//! writes, reads and liveness) and what makes or changes one, each a set
+//! of functions over it: `setup` (resolution, `connect`, `accept`, the
+//! listener) returns a link, `auth` and `seal` authenticate it, `fault_qp`
+//! gives it a second queue pair for post-copy's faults, `recovery` gets a
+//! lost one back.
 
 mod auth;
 mod connection;
@@ -14,7 +16,14 @@ mod setup;
 
 pub(crate) use connection::Link;
 pub(crate) use errors::protocol_error;
+pub(crate) use fault_qp::{accept_fault_qp, close_fault_qp, open_fault_qp};
 pub use negotiated::Negotiated;
+#[cfg(feature = "rdma-tests")]
+pub(crate) use recovery::sever_for_test;
+pub(crate) use recovery::{
+    abandon, accept_recovery, closed_by_peer_since, reconnect, recovery_listener, response_or_request,
+};
 pub use setup::Listener;
 #[cfg(feature = "rdma-tests")]
 pub use setup::LAST_RECOVERY_REQUEST;
+pub(crate) use setup::{accept, accept_return, connect};

@@ -29,7 +29,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::connection::{Link, EVENT_POLL_INTERVAL, RESPONSE};
-use super::setup::{Admit, Listener, Resume};
+use super::setup::{accept_from, connect_to, Admit, Listener, Resume};
 use crate::engine::Config;
 use crate::wire::{Message, RECOVERY_TOKEN_LEN};
 use crate::{Error, ErrorKind, Result};
@@ -39,117 +39,110 @@ fn not_ip() -> Error {
     Error::new(ErrorKind::InvalidArgument, "post-copy recovery needs an IP connection (a RoCE or iWARP device)")
 }
 
-impl Link {
-    /// Source side: a listener for the destination's recovery connection,
-    /// on this side's address of this link, on a port the system picks.
-    pub fn recovery_listener(&self, config: &Config) -> Result<Listener> {
-        let local = self.id.local_addr().ok_or_else(not_ip)?;
-        Listener::bind(&local.ip().to_string(), 0, config)
-    }
+/// Source side: a listener for the destination's recovery connection,
+/// on this side's address of this link, on a port the system picks.
+pub(crate) fn recovery_listener(link: &Link, config: &Config) -> Result<Listener> {
+    let local = link.id.local_addr().ok_or_else(not_ip)?;
+    Listener::bind(&local.ip().to_string(), 0, config)
+}
 
-    /// Source side: waits until `deadline` for the destination's recovery
-    /// connection with `token` on `listener` (other requests are refused and
-    /// the wait goes on), and makes it the link that replaces this one.
-    pub fn accept_recovery(
-        &self,
-        listener: &Listener,
-        token: [u8; RECOVERY_TOKEN_LEN],
-        deadline: Instant,
-    ) -> Result<Link> {
-        let resume = Resume { token, old: self };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut link = Link::accept_from(listener, &Admit::Resume(&resume), 0, self.counters.clone(), Some(left))
-            .map_err(|(e, _)| e)?;
-        link.adopt(self)?;
-        // The source's role: it takes a READY before each message it sends.
-        link.ready_expected = true;
-        Ok(link)
-    }
+/// Source side: waits until `deadline` for the destination's recovery
+/// connection with `token` on `listener` (other requests are refused and
+/// the wait goes on), and makes it the link that replaces this one.
+pub(crate) fn accept_recovery(
+    old: &Link,
+    listener: &Listener,
+    token: [u8; RECOVERY_TOKEN_LEN],
+    deadline: Instant,
+) -> Result<Link> {
+    let resume = Resume { token, old };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let mut link =
+        accept_from(listener, &Admit::Resume(&resume), 0, old.counters.clone(), Some(left)).map_err(|(e, _)| e)?;
+    adopt(&mut link, old)?;
+    // The source's role: it takes a READY before each message it sends.
+    link.ready_expected = true;
+    Ok(link)
+}
 
-    /// Destination side: connects to the source's recovery listener (`port`
-    /// at the address this link reached the source at) with `token`, and
-    /// makes it the link that replaces this one.
-    pub fn reconnect(&self, config: &Config, port: u16, token: [u8; RECOVERY_TOKEN_LEN]) -> Result<Link> {
-        let source = self.peer_addr().ok_or_else(not_ip)?;
-        let resume = Resume { token, old: self };
-        let host = source.ip().to_canonical().to_string();
-        let mut link = Link::connect_to(&host, port, config, 0, self.counters.clone(), Some(&resume))?;
-        link.adopt(self)?;
-        // The destination's role: it grants credits and never waits for one.
-        link.ready_expected = false;
-        Ok(link)
-    }
+/// Destination side: connects to the source's recovery listener (`port`
+/// at the address this link reached the source at) with `token`, and
+/// makes it the link that replaces this one.
+pub(crate) fn reconnect(old: &Link, config: &Config, port: u16, token: [u8; RECOVERY_TOKEN_LEN]) -> Result<Link> {
+    let source = old.peer_addr().ok_or_else(not_ip)?;
+    let resume = Resume { token, old };
+    let host = source.ip().to_canonical().to_string();
+    let mut link = connect_to(&host, port, config, 0, old.counters.clone(), Some(&resume))?;
+    adopt(&mut link, old)?;
+    // The destination's role: it grants credits and never waits for one.
+    link.ready_expected = false;
+    Ok(link)
+}
 
-    /// Takes over what the first connection agreed (its stop flag came
-    /// with `Link::new`).
-    fn adopt(&mut self, old: &Link) -> Result<()> {
-        if self.negotiated.authenticated != old.negotiated.authenticated {
-            return Err(Error::new(
-                ErrorKind::Auth,
-                "the recovery connection is not authenticated as the lost one was",
-            ));
+/// Takes over what the first connection agreed (its stop flag came
+/// with `Link::new`).
+fn adopt(link: &mut Link, old: &Link) -> Result<()> {
+    if link.negotiated.authenticated != old.negotiated.authenticated {
+        return Err(Error::new(ErrorKind::Auth, "the recovery connection is not authenticated as the lost one was"));
+    }
+    link.negotiated = old.negotiated;
+    link.peer_pin_budget = old.peer_pin_budget;
+    Ok(())
+}
+
+/// Gives this connection up before a recovery: its QPs go to the error
+/// state (nothing more lands in this side's buffers through them) and
+/// are destroyed when the link drops. No disconnect request goes out: the
+/// link may be down, and on rxe a connection-manager message sent into a
+/// down link breaks its management QP, and with it every later
+/// connection (seen on Linux 6.1). The peer learns of it from its own
+/// liveness probe or, on the source, from the recovery connection
+/// request itself (`request_unless_recovery`).
+pub(crate) fn abandon(link: &mut Link) {
+    let _ = link.qp.to_error();
+    link.fault_qp = None;
+    link.lost
+        .get_or_insert_with(|| Error::new(ErrorKind::Disconnected, "connection given up for a post-copy recovery"));
+}
+
+/// Source side, waiting for a recovery connection after `abandon`:
+/// whether the peer's disconnect came on this link meanwhile (its
+/// process ended; a recovering destination sends none).
+pub(crate) fn closed_by_peer_since(link: &mut Link) -> Result<bool> {
+    while link.take_event(Duration::ZERO)? {}
+    Ok(link.closed_by_peer)
+}
+
+/// Source side, with a request outstanding (`begin_request_by`): its
+/// response, handed to `f`, or `None` as soon as a connection request
+/// waits on `listener`, if one is given (the destination's recovery
+/// connection, if it holds the token: then the destination gave this
+/// connection up, whether or not this side can tell yet).
+pub(crate) fn response_or_request<R>(
+    link: &mut Link,
+    listener: Option<&Listener>,
+    f: impl FnOnce(&Message) -> Result<R>,
+) -> Result<Option<R>> {
+    loop {
+        if link.received[RESPONSE].is_some() {
+            return link.finish_request(f).map(Some);
         }
-        self.negotiated = old.negotiated;
-        self.peer_pin_budget = old.peer_pin_budget;
-        Ok(())
-    }
-
-    /// Gives this connection up before a recovery: its QPs go to the error
-    /// state (nothing more lands in this side's buffers through them) and
-    /// are destroyed when the link drops. No disconnect request goes out: the
-    /// link may be down, and on rxe a connection-manager message sent into a
-    /// down link breaks its management QP, and with it every later
-    /// connection (seen on Linux 6.1). The peer learns of it from its own
-    /// liveness probe or, on the source, from the recovery connection
-    /// request itself (`request_unless_recovery`).
-    pub fn abandon(&mut self) {
-        let _ = self.qp.to_error();
-        self.fault_qp = None;
-        self.lost
-            .get_or_insert_with(|| Error::new(ErrorKind::Disconnected, "connection given up for a post-copy recovery"));
-    }
-
-    /// Source side, waiting for a recovery connection after `abandon`:
-    /// whether the peer's disconnect came on this link meanwhile (its
-    /// process ended; a recovering destination sends none).
-    pub fn closed_by_peer_since(&mut self) -> Result<bool> {
-        while self.take_event(Duration::ZERO)? {}
-        Ok(self.closed_by_peer)
-    }
-
-    /// Source side, with a request outstanding (`begin_request_by`): its
-    /// response, handed to `f`, or `None` as soon as a connection request
-    /// waits on `listener`, if one is given (the destination's recovery
-    /// connection, if it holds the token: then the destination gave this
-    /// connection up, whether or not this side can tell yet).
-    pub fn response_or_request<R>(
-        &mut self,
-        listener: Option<&Listener>,
-        f: impl FnOnce(&Message) -> Result<R>,
-    ) -> Result<Option<R>> {
-        loop {
-            if self.received[RESPONSE].is_some() {
-                return self.finish_request(f).map(Some);
-            }
-            if listener.is_some_and(Listener::has_request) {
-                return Ok(None);
-            }
-            // poll(2) skips a negative descriptor.
-            self.pump(listener.map_or(-1, |l| l.event_fd().as_raw_fd()), EVENT_POLL_INTERVAL)?;
+        if listener.is_some_and(Listener::has_request) {
+            return Ok(None);
         }
+        // poll(2) skips a negative descriptor.
+        link.pump(listener.map_or(-1, |l| l.event_fd().as_raw_fd()), EVENT_POLL_INTERVAL)?;
     }
 }
 
 #[cfg(feature = "rdma-tests")]
-impl Link {
-    /// Failure injection for the RDMA tests: this side's QPs go to the error
-    /// state without a connection event, as when the link is lost (the
-    /// peer's requests go unanswered, this side's fail).
-    pub fn sever_for_test(&self) -> Result<()> {
-        self.qp.to_error()?;
-        if let Some(qp) = &self.fault_qp {
-            qp.to_error()?;
-        }
-        Ok(())
+/// Failure injection for the RDMA tests: this side's QPs go to the error
+/// state without a connection event, as when the link is lost (the
+/// peer's requests go unanswered, this side's fail).
+pub(crate) fn sever_for_test(link: &Link) -> Result<()> {
+    link.qp.to_error()?;
+    if let Some(qp) = &link.fault_qp {
+        qp.to_error()?;
     }
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::auth::auth_error;
+use super::auth::{auth_error, authenticate, check_source_proof};
 use super::connection::{Link, EVENT_POLL_INTERVAL, INCOMING};
 use super::errors::{protocol_error, SetupFailed};
 use super::negotiated::Negotiated;
@@ -89,310 +89,307 @@ fn check_auth_config(config: &Config) -> Result<()> {
     Ok(())
 }
 
-impl Link {
-    /// Source side: resolve `host:port`, connect, and negotiate capabilities
-    /// for `ram_bytes` of guest RAM.
-    pub fn connect(host: &str, port: u16, config: &Config, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
-        Link::connect_to(host, port, config, ram_bytes, counters, None)
-    }
+/// Source side: resolve `host:port`, connect, and negotiate capabilities
+/// for `ram_bytes` of guest RAM.
+pub(crate) fn connect(host: &str, port: u16, config: &Config, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
+    connect_to(host, port, config, ram_bytes, counters, None)
+}
 
-    /// As [`connect`](Self::connect); with `resume`, a destination's
-    /// recovery connection to its source (it reads, and it proves the token).
-    pub(super) fn connect_to(
-        host: &str,
-        port: u16,
-        config: &Config,
-        ram_bytes: u64,
-        counters: Arc<Counters>,
-        resume: Option<&Resume>,
-    ) -> Result<Link> {
-        check_auth_config(config)?;
-        pin::fork_mode();
-        let deadline = Instant::now() + config.timeout;
-        // A recovery connection's waits end at the hypervisor's abort too.
-        let stop = resume.map(|r| &*r.old.stop);
-        let addrs = resolve(host, port, config.timeout)?;
-        let channel = EventChannel::new()?;
-        let id = CmId::new(&channel)?;
-        set_ack_timeout(&id, config)?;
-        set_tos(&id, config)?;
-        let mut last = None;
-        for addr in &addrs {
-            match id.resolve_addr(addr, resolve_timeout_ms(deadline)) {
-                Ok(()) => match expect_event(&channel, CmEventKind::AddrResolved, deadline, stop) {
-                    Ok(_) => {
-                        last = None;
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                },
-                Err(e) => last = Some(e.into()),
-            }
-        }
-        if let Some(e) = last {
-            return Err(Error::new(e.kind, format!("cannot resolve {host}:{port}: {}", e.message)));
-        }
-        id.resolve_route(resolve_timeout_ms(deadline))?;
-        expect_event(&channel, CmEventKind::RouteResolved, deadline, stop)?;
-
-        let offered = Negotiated::offered(config, ram_bytes);
-        let mut link = Link::new(id, offered, config, counters, resume.map(|r| r.old))?;
-        // QEMU posts the READY receive before connecting: the destination may SEND at once.
-        link.post_recv(INCOMING)?;
-        let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
-        let caps = Capabilities { version: config.protocol_version, flags: offered.flags() | resume_flag };
-        let nonce = if config.auth_key.is_some() || resume.is_some() { Some(auth::nonce()?) } else { None };
-        let endpoints = Endpoints { source: link.id.local_addr().map(|a| a.ip()), destination: link.id.peer_addr() };
-        let recovery_tag = resume.zip(nonce).map(|(r, n)| r.tag(&n, endpoints.source));
-        let private_data = ConnectData { caps, nonce, recovery_tag }.encode();
-        #[cfg(feature = "rdma-tests")]
-        if resume.is_some() {
-            *LAST_RECOVERY_REQUEST.lock() = Some(private_data.clone());
-        }
-        link.id.connect(&ConnParam {
-            private_data: &private_data,
-            // The device's most (librdmacm's RDMA_MAX_RESP_RES): an rdmamig
-            // destination reads this side's RAM in post-copy; QEMU never does.
-            // A recovery connection is that destination: it reads, and is not read.
-            responder_resources: if resume.is_some() { 0 } else { MAX_RD_ATOMIC },
-            initiator_depth: if resume.is_some() { MAX_RD_ATOMIC } else { 2 },
-            retry_count: RETRY_COUNT,
-            rnr_retry_count: 0,
-        })?;
-        let event = wait_event(&channel, deadline, "the answer to the connection request", stop)?;
-        match event.kind() {
-            CmEventKind::Established => {
-                let accepted = AcceptData::decode(event.private_data()).map_err(protocol_error)?;
-                let reply = accepted.caps;
-                if reply.version != config.protocol_version {
-                    return Err(version_error(config.protocol_version, reply.version));
+/// As [`connect`]; with `resume`, a destination's
+/// recovery connection to its source (it reads, and it proves the token).
+pub(super) fn connect_to(
+    host: &str,
+    port: u16,
+    config: &Config,
+    ram_bytes: u64,
+    counters: Arc<Counters>,
+    resume: Option<&Resume>,
+) -> Result<Link> {
+    check_auth_config(config)?;
+    pin::fork_mode();
+    let deadline = Instant::now() + config.timeout;
+    // A recovery connection's waits end at the hypervisor's abort too.
+    let stop = resume.map(|r| &*r.old.stop);
+    let addrs = resolve(host, port, config.timeout)?;
+    let channel = EventChannel::new()?;
+    let id = CmId::new(&channel)?;
+    set_ack_timeout(&id, config)?;
+    set_tos(&id, config)?;
+    let mut last = None;
+    for addr in &addrs {
+        match id.resolve_addr(addr, resolve_timeout_ms(deadline)) {
+            Ok(()) => match expect_event(&channel, CmEventKind::AddrResolved, deadline, stop) {
+                Ok(_) => {
+                    last = None;
+                    break;
                 }
-                // A destination grants a subset of the offer (QEMU masks it with what it knows).
-                let extra = reply.flags & !caps.flags;
-                if extra != 0 {
-                    return Err(protocol_error(format_args!(
-                        "the destination granted capabilities {extra:#x} that were not offered"
-                    )));
-                }
-                if reply.flags & resume_flag != resume_flag {
-                    return Err(Error::new(
-                        ErrorKind::Connect,
-                        format!("{host}:{port} is not the source's post-copy recovery listener"),
-                    ));
-                }
-                // The destination clears what it does not support; we turn those features off.
-                link.negotiated = offered.masked(reply.flags);
-                if link.negotiated.extensions {
-                    link.peer_pin_budget = accepted.pin_budget;
-                }
-                if let (Some(key), Some(source_nonce)) = (&config.auth_key, nonce) {
-                    let Some(challenge) = accepted.auth.filter(|_| link.negotiated.authenticated) else {
-                        return Err(auth_error(
-                            "the destination does not authenticate (it did not grant the authentication capability)"
-                                .into(),
-                        ));
-                    };
-                    let transcript = Transcript {
-                        version: caps.version,
-                        offered: caps.flags,
-                        granted: reply.flags,
-                        source_nonce,
-                        destination_nonce: challenge.nonce,
-                        pin_budget: accepted.pin_budget.unwrap_or(0),
-                        recovery_tag,
-                        endpoints,
-                    };
-                    link.authenticate(key, &transcript, &challenge.proof)?;
-                }
-                Ok(link)
-            }
-            // Our destination rejects a version it does not speak with its own
-            // version as private data; a reject without it (nobody listening) is zeros.
-            CmEventKind::Rejected => match RejectData::decode(event.private_data()) {
-                Ok(theirs) if theirs.caps.version != 0 && theirs.caps.version != config.protocol_version => {
-                    Err(version_error(config.protocol_version, theirs.caps.version))
-                }
-                // Our destination rejects a source without a key with the authentication flag.
-                Ok(theirs) if theirs.caps.flags & CAP_RDMAMIG_AUTH != 0 && config.auth_key.is_none() => {
-                    Err(auth_error(format!("{host}:{port} requires peer authentication and no key is set")))
-                }
-                Ok(theirs) if theirs.cause == REJECT_PIN_REFUSED => Err(Error::new(
-                    ErrorKind::Connect,
-                    format!(
-                        "{host}:{port} rejected the connection: the destination's kernel refused to pin memory for \
-                         it (RLIMIT_MEMLOCK, `ulimit -l`, too low there without CAP_IPC_LOCK; `rdmamig doctor` on \
-                         the destination says what it needs)"
-                    ),
-                )),
-                // Nobody listens there any more (a killed source's recovery
-                // listener is gone with it): the peer is gone, no retrying.
-                // (Other refusals may pass: on rxe a request sent while the
-                // link was down was refused, reason 28, once it came back.)
-                _ if resume.is_some() && NO_LISTENER.contains(&event.status()) => Err(Error::new(
-                    ErrorKind::Disconnected,
-                    format!("{host}:{port} refused the recovery connection: the source's recovery listener is gone"),
-                )),
-                _ if NO_LISTENER.contains(&event.status()) => Err(Error::new(
-                    ErrorKind::Connect,
-                    format!("no listener on {host} port {port} (is the destination listening yet?)"),
-                )),
-                _ => Err(Error::new(
-                    ErrorKind::Connect,
-                    format!("{host}:{port} rejected the connection ({})", reject_reason(event.status())),
-                )),
+                Err(e) => last = Some(e),
             },
-            other => Err(Error::new(
-                ErrorKind::Connect,
-                format!("connecting to {host}:{port} failed: {other:?} (status {})", event.status()),
-            )),
+            Err(e) => last = Some(e.into()),
         }
     }
-
-    /// Destination side: accept a connection request from `listener`, for
-    /// `ram_bytes` of guest RAM. A request that fails a check (allow-list,
-    /// version, authentication, a handshake that does not finish within
-    /// `Config::handshake_timeout`) is refused and the wait goes on; several
-    /// handshakes may run at once. If the time runs out after refusals, the
-    /// error (of the last refusal's kind) says what was refused.
-    pub fn accept(
-        listener: &Listener,
-        ram_bytes: u64,
-        counters: Arc<Counters>,
-        timeout: Option<Duration>,
-    ) -> Result<Link> {
-        Link::accept_from(listener, &Admit::Any, ram_bytes, counters, timeout).map_err(|(e, refused)| match refused {
-            Some((n, last)) if e.kind == ErrorKind::Timeout => {
-                Error::new(last.kind, format!("no source was admitted ({n} refused; the last: {})", last.message))
-            }
-            _ => e,
-        })
+    if let Some(e) = last {
+        return Err(Error::new(e.kind, format!("cannot resolve {host}:{port}: {}", e.message)));
     }
+    id.resolve_route(resolve_timeout_ms(deadline))?;
+    expect_event(&channel, CmEventKind::RouteResolved, deadline, stop)?;
 
-    /// Destination side, right after accepting `forward` from a QEMU source:
-    /// accept that source's return-path connection, the second request QEMU
-    /// makes to the same listener (requests from other addresses are
-    /// rejected), within the config's timeout (QEMU itself gives up after
-    /// 5 s). On it the roles are reversed: this side sends, each message
-    /// after the source's READY.
-    pub fn accept_return(listener: &Listener, forward: &Link, ram_bytes: u64, counters: Arc<Counters>) -> Result<Link> {
-        let admit = Admit::SameSource(forward.peer_addr().map(|a| a.ip().to_canonical()));
-        let timeout = listener.config.timeout;
-        let accepted = Link::accept_from(listener, &admit, ram_bytes, counters, Some(timeout));
-        let mut link = accepted.map_err(|(e, refused)| {
-            if e.kind != ErrorKind::Timeout {
-                return Error::new(e.kind, format!("accepting the return-path connection: {}", e.message));
+    let offered = Negotiated::offered(config, ram_bytes);
+    let mut link = Link::new(id, offered, config, counters, resume.map(|r| r.old))?;
+    // QEMU posts the READY receive before connecting: the destination may SEND at once.
+    link.post_recv(INCOMING)?;
+    let resume_flag = if resume.is_some() { CAP_RDMAMIG_RESUME } else { 0 };
+    let caps = Capabilities { version: config.protocol_version, flags: offered.flags() | resume_flag };
+    let nonce = if config.auth_key.is_some() || resume.is_some() { Some(auth::nonce()?) } else { None };
+    let endpoints = Endpoints { source: link.id.local_addr().map(|a| a.ip()), destination: link.id.peer_addr() };
+    let recovery_tag = resume.zip(nonce).map(|(r, n)| r.tag(&n, endpoints.source));
+    let private_data = ConnectData { caps, nonce, recovery_tag }.encode();
+    #[cfg(feature = "rdma-tests")]
+    if resume.is_some() {
+        *LAST_RECOVERY_REQUEST.lock() = Some(private_data.clone());
+    }
+    link.id.connect(&ConnParam {
+        private_data: &private_data,
+        // The device's most (librdmacm's RDMA_MAX_RESP_RES): an rdmamig
+        // destination reads this side's RAM in post-copy; QEMU never does.
+        // A recovery connection is that destination: it reads, and is not read.
+        responder_resources: if resume.is_some() { 0 } else { MAX_RD_ATOMIC },
+        initiator_depth: if resume.is_some() { MAX_RD_ATOMIC } else { 2 },
+        retry_count: RETRY_COUNT,
+        rnr_retry_count: 0,
+    })?;
+    let event = wait_event(&channel, deadline, "the answer to the connection request", stop)?;
+    match event.kind() {
+        CmEventKind::Established => {
+            let accepted = AcceptData::decode(event.private_data()).map_err(protocol_error)?;
+            let reply = accepted.caps;
+            if reply.version != config.protocol_version {
+                return Err(version_error(config.protocol_version, reply.version));
             }
-            let refused = refused.map_or(String::new(), |(n, last)| {
-                format!(" ({n} other requests refused; the last: {})", last.message)
-            });
-            Error::new(
+            // A destination grants a subset of the offer (QEMU masks it with what it knows).
+            let extra = reply.flags & !caps.flags;
+            if extra != 0 {
+                return Err(protocol_error(format_args!(
+                    "the destination granted capabilities {extra:#x} that were not offered"
+                )));
+            }
+            if reply.flags & resume_flag != resume_flag {
+                return Err(Error::new(
+                    ErrorKind::Connect,
+                    format!("{host}:{port} is not the source's post-copy recovery listener"),
+                ));
+            }
+            // The destination clears what it does not support; we turn those features off.
+            link.negotiated = offered.masked(reply.flags);
+            if link.negotiated.extensions {
+                link.peer_pin_budget = accepted.pin_budget;
+            }
+            if let (Some(key), Some(source_nonce)) = (&config.auth_key, nonce) {
+                let Some(challenge) = accepted.auth.filter(|_| link.negotiated.authenticated) else {
+                    return Err(auth_error(
+                        "the destination does not authenticate (it did not grant the authentication capability)".into(),
+                    ));
+                };
+                let transcript = Transcript {
+                    version: caps.version,
+                    offered: caps.flags,
+                    granted: reply.flags,
+                    source_nonce,
+                    destination_nonce: challenge.nonce,
+                    pin_budget: accepted.pin_budget.unwrap_or(0),
+                    recovery_tag,
+                    endpoints,
+                };
+                authenticate(&mut link, key, &transcript, &challenge.proof)?;
+            }
+            Ok(link)
+        }
+        // Our destination rejects a version it does not speak with its own
+        // version as private data; a reject without it (nobody listening) is zeros.
+        CmEventKind::Rejected => match RejectData::decode(event.private_data()) {
+            Ok(theirs) if theirs.caps.version != 0 && theirs.caps.version != config.protocol_version => {
+                Err(version_error(config.protocol_version, theirs.caps.version))
+            }
+            // Our destination rejects a source without a key with the authentication flag.
+            Ok(theirs) if theirs.caps.flags & CAP_RDMAMIG_AUTH != 0 && config.auth_key.is_none() => {
+                Err(auth_error(format!("{host}:{port} requires peer authentication and no key is set")))
+            }
+            Ok(theirs) if theirs.cause == REJECT_PIN_REFUSED => Err(Error::new(
                 ErrorKind::Connect,
                 format!(
-                    "the source opened no return-path connection within {timeout:?}{refused}; QEMU 7.2 opens one \
-                     only with its postcopy-ram or dirty-bitmaps capability on"
+                    "{host}:{port} rejected the connection: the destination's kernel refused to pin memory for \
+                     it (RLIMIT_MEMLOCK, `ulimit -l`, too low there without CAP_IPC_LOCK; `rdmamig doctor` on \
+                     the destination says what it needs)"
                 ),
-            )
-        })?;
-        link.ready_expected = true;
-        // Aborting the migration stops waits on either connection.
-        link.stop = forward.stop.clone();
-        Ok(link)
+            )),
+            // Nobody listens there any more (a killed source's recovery
+            // listener is gone with it): the peer is gone, no retrying.
+            // (Other refusals may pass: on rxe a request sent while the
+            // link was down was refused, reason 28, once it came back.)
+            _ if resume.is_some() && NO_LISTENER.contains(&event.status()) => Err(Error::new(
+                ErrorKind::Disconnected,
+                format!("{host}:{port} refused the recovery connection: the source's recovery listener is gone"),
+            )),
+            _ if NO_LISTENER.contains(&event.status()) => Err(Error::new(
+                ErrorKind::Connect,
+                format!("no listener on {host} port {port} (is the destination listening yet?)"),
+            )),
+            _ => Err(Error::new(
+                ErrorKind::Connect,
+                format!("{host}:{port} rejected the connection ({})", reject_reason(event.status())),
+            )),
+        },
+        other => Err(Error::new(
+            ErrorKind::Connect,
+            format!("connecting to {host}:{port} failed: {other:?} (status {})", event.status()),
+        )),
     }
+}
 
-    /// Accepts the first request `admit` takes, refusing (and logging) the
-    /// others. Fails with the error and, when requests were refused
-    /// meanwhile, their count and the last refusal.
-    ///
-    /// A first connection's handshakes (`Admit::Any`, waiting) run on
-    /// threads of their own, so that a peer that connects and stays silent
-    /// holds up nobody; the first to finish is the one taken, the others
-    /// wait in the listener for the next accept. A return path or a
-    /// recovery is the one request expected, handled here.
-    pub(super) fn accept_from(
-        listener: &Listener,
-        admit: &Admit,
-        ram_bytes: u64,
-        counters: Arc<Counters>,
-        timeout: Option<Duration>,
-    ) -> std::result::Result<Link, (Error, Refusals)> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        // Only a caller's zero means "do not wait"; a deadline that ran out is a timeout.
-        let no_wait = timeout == Some(Duration::ZERO);
-        let parallel = matches!(admit, Admit::Any) && !no_wait;
-        // Each handshake thread tells this accept how it ended; an admitted
-        // link goes to the listener's queue, for this accept or the next.
-        let (done_tx, done) = mpsc::channel::<Result<()>>();
-        let mut running = 0;
-        let mut refused: Refusals = None;
-        loop {
-            while let Ok(handshake) = done.try_recv() {
-                running -= 1;
-                if let Err(e) = handshake {
-                    count(&mut refused, e);
+/// Destination side: accept a connection request from `listener`, for
+/// `ram_bytes` of guest RAM. A request that fails a check (allow-list,
+/// version, authentication, a handshake that does not finish within
+/// `Config::handshake_timeout`) is refused and the wait goes on; several
+/// handshakes may run at once. If the time runs out after refusals, the
+/// error (of the last refusal's kind) says what was refused.
+pub(crate) fn accept(
+    listener: &Listener,
+    ram_bytes: u64,
+    counters: Arc<Counters>,
+    timeout: Option<Duration>,
+) -> Result<Link> {
+    accept_from(listener, &Admit::Any, ram_bytes, counters, timeout).map_err(|(e, refused)| match refused {
+        Some((n, last)) if e.kind == ErrorKind::Timeout => {
+            Error::new(last.kind, format!("no source was admitted ({n} refused; the last: {})", last.message))
+        }
+        _ => e,
+    })
+}
+
+/// Destination side, right after accepting `forward` from a QEMU source:
+/// accept that source's return-path connection, the second request QEMU
+/// makes to the same listener (requests from other addresses are
+/// rejected), within the config's timeout (QEMU itself gives up after
+/// 5 s). On it the roles are reversed: this side sends, each message
+/// after the source's READY.
+pub(crate) fn accept_return(
+    listener: &Listener,
+    forward: &Link,
+    ram_bytes: u64,
+    counters: Arc<Counters>,
+) -> Result<Link> {
+    let admit = Admit::SameSource(forward.peer_addr().map(|a| a.ip().to_canonical()));
+    let timeout = listener.config.timeout;
+    let accepted = accept_from(listener, &admit, ram_bytes, counters, Some(timeout));
+    let mut link = accepted.map_err(|(e, refused)| {
+        if e.kind != ErrorKind::Timeout {
+            return Error::new(e.kind, format!("accepting the return-path connection: {}", e.message));
+        }
+        let refused = refused
+            .map_or(String::new(), |(n, last)| format!(" ({n} other requests refused; the last: {})", last.message));
+        Error::new(
+            ErrorKind::Connect,
+            format!(
+                "the source opened no return-path connection within {timeout:?}{refused}; QEMU 7.2 opens one \
+                 only with its postcopy-ram or dirty-bitmaps capability on"
+            ),
+        )
+    })?;
+    link.ready_expected = true;
+    // Aborting the migration stops waits on either connection.
+    link.stop = forward.stop.clone();
+    Ok(link)
+}
+
+/// Accepts the first request `admit` takes, refusing (and logging) the
+/// others. Fails with the error and, when requests were refused
+/// meanwhile, their count and the last refusal.
+///
+/// A first connection's handshakes (`Admit::Any`, waiting) run on
+/// threads of their own, so that a peer that connects and stays silent
+/// holds up nobody; the first to finish is the one taken, the others
+/// wait in the listener for the next accept. A return path or a
+/// recovery is the one request expected, handled here.
+pub(super) fn accept_from(
+    listener: &Listener,
+    admit: &Admit,
+    ram_bytes: u64,
+    counters: Arc<Counters>,
+    timeout: Option<Duration>,
+) -> std::result::Result<Link, (Error, Refusals)> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    // Only a caller's zero means "do not wait"; a deadline that ran out is a timeout.
+    let no_wait = timeout == Some(Duration::ZERO);
+    let parallel = matches!(admit, Admit::Any) && !no_wait;
+    // Each handshake thread tells this accept how it ended; an admitted
+    // link goes to the listener's queue, for this accept or the next.
+    let (done_tx, done) = mpsc::channel::<Result<()>>();
+    let mut running = 0;
+    let mut refused: Refusals = None;
+    loop {
+        while let Ok(handshake) = done.try_recv() {
+            running -= 1;
+            if let Err(e) = handshake {
+                count(&mut refused, e);
+            }
+        }
+        if matches!(admit, Admit::Any) {
+            if let Some(link) = listener.take_admitted(ram_bytes, &counters) {
+                return Ok(link);
+            }
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left == Some(Duration::ZERO) && !no_wait {
+            return Err((Error::new(ErrorKind::Timeout, "no connection request arrived"), refused));
+        }
+        // While handshakes run, their results are looked at often.
+        let slice = if running > 0 { HANDSHAKE_POLL_INTERVAL } else { EVENT_POLL_INTERVAL };
+        let request = match listener.next_request(admit, left.map_or(slice, |l| l.min(slice))) {
+            Ok(Some(request)) => request,
+            Ok(None) => continue,
+            Err(e) if matches!(e.kind, ErrorKind::Cancelled | ErrorKind::WouldBlock) => return Err((e, refused)),
+            Err(e) => {
+                refuse(&mut refused, e);
+                continue;
+            }
+        };
+        if !parallel {
+            match request.handshake(&listener.config, admit, ram_bytes, counters.clone(), None, &listener.parked) {
+                Ok(link) => return Ok(link),
+                Err(e) if matches!(e.kind, ErrorKind::Aborted | ErrorKind::Cancelled) => return Err((e, refused)),
+                Err(e) => refuse(&mut refused, e),
+            }
+            continue;
+        }
+        if running >= MAX_HANDSHAKES {
+            refuse(&mut refused, request.refuse(format_args!("{MAX_HANDSHAKES} handshakes are in progress already")));
+            continue;
+        }
+        let (config, counters, done_tx, closed, parked) = (
+            listener.config.clone(),
+            counters.clone(),
+            done_tx.clone(),
+            listener.closed.clone(),
+            listener.parked.clone(),
+        );
+        let spawned = std::thread::Builder::new().name("rdmamig-handshake".into()).spawn(move || {
+            let done = match request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(closed), &parked) {
+                Ok(link) => {
+                    parked.lock().admitted.push_back(link);
+                    Ok(())
                 }
-            }
-            if matches!(admit, Admit::Any) {
-                if let Some(link) = listener.take_admitted(ram_bytes, &counters) {
-                    return Ok(link);
-                }
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) && !no_wait {
-                return Err((Error::new(ErrorKind::Timeout, "no connection request arrived"), refused));
-            }
-            // While handshakes run, their results are looked at often.
-            let slice = if running > 0 { HANDSHAKE_POLL_INTERVAL } else { EVENT_POLL_INTERVAL };
-            let request = match listener.next_request(admit, left.map_or(slice, |l| l.min(slice))) {
-                Ok(Some(request)) => request,
-                Ok(None) => continue,
-                Err(e) if matches!(e.kind, ErrorKind::Cancelled | ErrorKind::WouldBlock) => return Err((e, refused)),
                 Err(e) => {
-                    refuse(&mut refused, e);
-                    continue;
+                    logging::warn(format_args!("{}; still listening", e.message));
+                    Err(e)
                 }
             };
-            if !parallel {
-                match request.handshake(&listener.config, admit, ram_bytes, counters.clone(), None, &listener.parked) {
-                    Ok(link) => return Ok(link),
-                    Err(e) if matches!(e.kind, ErrorKind::Aborted | ErrorKind::Cancelled) => return Err((e, refused)),
-                    Err(e) => refuse(&mut refused, e),
-                }
-                continue;
-            }
-            if running >= MAX_HANDSHAKES {
-                refuse(
-                    &mut refused,
-                    request.refuse(format_args!("{MAX_HANDSHAKES} handshakes are in progress already")),
-                );
-                continue;
-            }
-            let (config, counters, done_tx, closed, parked) = (
-                listener.config.clone(),
-                counters.clone(),
-                done_tx.clone(),
-                listener.closed.clone(),
-                listener.parked.clone(),
-            );
-            let spawned = std::thread::Builder::new().name("rdmamig-handshake".into()).spawn(move || {
-                let done = match request.handshake(&config, &Admit::Any, ram_bytes, counters, Some(closed), &parked) {
-                    Ok(link) => {
-                        parked.lock().admitted.push_back(link);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        logging::warn(format_args!("{}; still listening", e.message));
-                        Err(e)
-                    }
-                };
-                // The accept that started it may have ended meanwhile.
-                let _ = done_tx.send(done);
-            });
-            match spawned {
-                Ok(_) => running += 1,
-                Err(e) => refuse(
-                    &mut refused,
-                    Error::new(ErrorKind::Connect, format!("cannot start a handshake thread: {e}")),
-                ),
+            // The accept that started it may have ended meanwhile.
+            let _ = done_tx.send(done);
+        });
+        match spawned {
+            Ok(_) => running += 1,
+            Err(e) => {
+                refuse(&mut refused, Error::new(ErrorKind::Connect, format!("cannot start a handshake thread: {e}")))
             }
         }
     }
@@ -580,14 +577,14 @@ impl Request {
             Error::new(e.kind, format!("the connection from {from} was not established: {}", e.message))
         })?;
         // A QEMU source opens its return path right away: its next request
-        // is for the accept that takes this one (`Link::accept_return`).
+        // is for the accept that takes this one (`accept_return`).
         if config.return_path && !negotiated.extensions && matches!(admit, Admit::Any) {
             parked.lock().expect_return_path(peer, config.timeout);
         }
         // The destination grants credits; it never waits for one.
         link.ready_expected = false;
         if let Some((key, t)) = transcript {
-            link.check_source_proof(key, &t, &from, deadline)?;
+            check_source_proof(&mut link, key, &t, &from, deadline)?;
         }
         if let Some(stop) = lasting_stop {
             link.stop = stop;

@@ -24,7 +24,7 @@ use super::plan::{read_tables, PlanBlock};
 use super::progress::{PostcopyPhase, Progress};
 use super::recovery::Recovery;
 use crate::bitmap::{self, next_clear, next_set};
-use crate::engine::link::{protocol_error, Link};
+use crate::engine::link::{self, protocol_error, Link};
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
 use crate::host::pagemap::page_size;
@@ -352,7 +352,7 @@ impl Puller<'_> {
              {} stale pages left",
             r.window, self.remaining
         ));
-        link.abandon();
+        link::abandon(link);
         for j in 0..FAULT_SLOTS {
             if let Some(fault) = self.faults[j].take() {
                 self.queued.push_front(fault);
@@ -368,7 +368,7 @@ impl Puller<'_> {
         let deadline = Instant::now() + r.window;
         let new = loop {
             link.check_stop("post-copy's recovery")?;
-            match link.reconnect(r.config, r.source.port, r.source.token) {
+            match link::reconnect(link, r.config, r.source.port, r.source.token) {
                 Ok(new) => break new,
                 Err(e) if e.kind == ErrorKind::Aborted => return Err(e),
                 Err(e) if e.kind == ErrorKind::Disconnected || Instant::now() >= deadline => {
@@ -387,7 +387,7 @@ impl Puller<'_> {
         let remote = link.receive_expected(CommandType::PostcopyFaultQp, |m| {
             m.entries::<QpEndpoint>().next().expect("decode_message checked one entry").map_err(protocol_error)
         })?;
-        link.accept_fault_qp(remote)?;
+        link::accept_fault_qp(link, remote)?;
         link.receive_expected(CommandType::PostcopyResume, |_| Ok(()))?;
         self.progress.recoveries.fetch_add(1, Ordering::Relaxed);
         logging::info(format_args!("destination: post-copy's connection is back; the pull goes on"));
@@ -768,7 +768,7 @@ impl Puller<'_> {
         let installed = self.progress.pages_total.load(Ordering::Relaxed) - self.remaining;
         if after != 0 && installed >= after && SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed) == after {
             logging::warn(format_args!("destination: test hook: post-copy's link severed after {installed} pages"));
-            link.sever_for_test()?;
+            link::sever_for_test(link)?;
         }
         Ok(())
     }

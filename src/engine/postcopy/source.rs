@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::StalePages;
 use crate::bitmap::{self, for_each_run};
-use crate::engine::link::Link;
 use crate::engine::link::Listener;
+use crate::engine::link::{self, Link};
 use crate::engine::pin::Pins;
 use crate::engine::postcopy;
 use crate::engine::ram::RamBlocks;
@@ -138,7 +138,7 @@ pub(crate) fn run(
             at += len(t);
         }
         let total: u64 = blocks.iter().map(|t| t.entry.stale_pages).sum();
-        link.open_fault_qp()?;
+        link::open_fault_qp(link)?;
         logging::info(format_args!(
             "source: post-copy: {total} stale pages in {} blocks, {} regions exposed for remote read",
             blocks.len(),
@@ -161,7 +161,7 @@ pub(crate) fn run(
         ));
         Ok(summary)
     })();
-    link.close_fault_qp();
+    link::close_fault_qp(link);
     if result.is_ok() {
         exposed.take().expect("inserted above").release(pins);
     }
@@ -182,7 +182,7 @@ struct Recovery {
 impl Recovery {
     /// Opens the listener and tells the destination where it is (POSTCOPY_RECOVERY).
     fn offer(link: &mut Link, config: &Config, window: Duration) -> Result<Recovery> {
-        let listener = link.recovery_listener(config)?;
+        let listener = link::recovery_listener(link, config)?;
         let mut token = [0u8; RECOVERY_TOKEN_LEN];
         getrandom::getrandom(&mut token)
             .map_err(|e| Error::new(ErrorKind::Verbs, format!("no random bytes for a recovery token: {e}")))?;
@@ -210,14 +210,14 @@ impl Recovery {
     ) -> Result<PostcopySummary> {
         link.begin_request_by(None, CommandType::Postcopy, build, CommandType::PostcopyDone)?;
         loop {
-            let back = match link.response_or_request(heeded(&self.listener), done) {
+            let back = match link::response_or_request(link, heeded(&self.listener), done) {
                 Ok(Some(summary)) => return Ok(summary),
-                Ok(None) => match link.accept_recovery(&self.listener, self.token, Instant::now()) {
+                Ok(None) => match link::accept_recovery(link, &self.listener, self.token, Instant::now()) {
                     Ok(back) => {
                         logging::warn(format_args!(
                             "source: the destination reconnected: post-copy's connection is replaced"
                         ));
-                        link.abandon();
+                        link::abandon(link);
                         back
                     }
                     // Refused (the refusal is logged): the connection stays.
@@ -231,7 +231,7 @@ impl Recovery {
                 Err(e) => return Err(e),
             };
             *link = back;
-            link.open_fault_qp()?;
+            link::open_fault_qp(link)?;
             let resume = CommandType::PostcopyResume;
             link.begin_request_by(None, resume, |_| Ok(()), CommandType::PostcopyDone)?;
         }
@@ -244,18 +244,18 @@ impl Recovery {
             "source: post-copy's connection is lost ({lost}): waiting up to {:?} for the destination to reconnect",
             self.window
         ));
-        link.abandon();
+        link::abandon(link);
         let deadline = Instant::now() + self.window;
         loop {
             // In slices, so that the hypervisor's abort is seen, and the
             // destination's disconnect (it died meanwhile).
             link.check_stop("post-copy's recovery")?;
-            if link.closed_by_peer_since()? {
+            if link::closed_by_peer_since(link)? {
                 return Err(closed(&lost));
             }
             let slice = (Instant::now() + ACCEPT_SLICE).min(deadline);
             let back = match heeded(&self.listener) {
-                Some(listener) => link.accept_recovery(listener, self.token, slice),
+                Some(listener) => link::accept_recovery(link, listener, self.token, slice),
                 None => {
                     std::thread::sleep(slice.saturating_duration_since(Instant::now()));
                     Err(Error::new(ErrorKind::Timeout, "the recovery listener is not heeded (test hook)"))

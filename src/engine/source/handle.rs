@@ -14,7 +14,7 @@ use super::command::Command;
 use super::save_range::SaveRange;
 use super::shared::Shared;
 use super::transfer::Transfer;
-use crate::engine::link::{Link, Negotiated};
+use crate::engine::link::{self, Negotiated};
 use crate::engine::pin::{self, Hint, Unregistration};
 use crate::engine::postcopy::{self, PostcopySummary, StalePages};
 use crate::engine::ram::RamBlocks;
@@ -75,7 +75,7 @@ impl Source {
         }
         let counters = Arc::new(Counters::new());
         let event = Readiness::new()?;
-        let link = Link::connect(host, port, config, ram.total_bytes(), counters.clone()).inspect_err(|e| {
+        let link = link::connect(host, port, config, ram.total_bytes(), counters.clone()).inspect_err(|e| {
             logging::error(format_args!("source: cannot connect to {host}:{port}: {e}"));
         })?;
         let shared = Shared::new(ram.clone(), counters, event, config.max_bandwidth);
