@@ -62,7 +62,7 @@ impl RamBlock {
     /// `[offset, offset + len)` (relative to the block start, inside it), in
     /// order, covering the range, found without touching its memory; `None`
     /// when the block's memory cannot tell (neither a backing file given nor
-    /// private anonymous memory): read it. See `engine::populated`.
+    /// private anonymous memory): read it. See `host::populated`.
     pub fn populated_runs(&self, offset: u64, len: u64) -> Option<Vec<Run>> {
         self.memory.runs(self.host, self.length, offset, len)
     }
