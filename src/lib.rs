@@ -66,7 +66,7 @@ pub use logging::{set_log_hook, Level as LogLevel, LogHook};
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
-    pub use crate::engine::postcopy::plan::PlanBlock;
+    pub use crate::engine::destination::postcopy::plan::PlanBlock;
     pub use crate::host::GuestRange;
 }
 
@@ -85,10 +85,10 @@ pub mod bench_internals {
 #[cfg(feature = "rdma-tests")]
 #[doc(hidden)]
 pub mod test_hooks {
+    pub use crate::engine::destination::postcopy::SEVER_AFTER_PAGES;
     pub use crate::engine::destination::SEVER_AFTER_WINDOWS;
     pub use crate::engine::link::LAST_RECOVERY_REQUEST;
-    pub use crate::engine::postcopy::destination::SEVER_AFTER_PAGES;
-    pub use crate::engine::postcopy::source::{DEAF_TO_RECOVERY, RECOVERY_OFFER};
+    pub use crate::engine::source::postcopy::{DEAF_TO_RECOVERY, RECOVERY_OFFER};
 }
 
 /// What the C ABI's unit tests (capi/) build their cases from. Not part of

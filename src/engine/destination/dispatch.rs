@@ -13,8 +13,8 @@ use std::sync::Arc;
 use registered::Registered;
 
 use super::event::Event;
+use super::postcopy::plan::{self, PlanBlock};
 use crate::engine::link::{protocol_error, Negotiated};
-use crate::engine::postcopy::{self, plan::PlanBlock};
 use crate::engine::ram::{RamBlock, RamBlocks, Run};
 use crate::engine::stats::Counters;
 use crate::engine::{validate, Ending};
@@ -259,7 +259,7 @@ impl<R: Registrar> Dispatcher<R> {
                 Step::Applied
             }
             CommandType::Postcopy if self.extensions && self.blocks_exchanged && !self.in_window => {
-                let plan = postcopy::plan::plan(m, &self.order, &self.ram)?;
+                let plan = plan::plan(m, &self.order, &self.ram)?;
                 self.postcopy = true;
                 Step::Postcopy(plan)
             }

@@ -2,7 +2,7 @@
 
 /// What a destination saw its source do, in order, as its service thread
 /// served it: for tools that record or trace a migration
-/// ([`Destination::accept_observed`]). Blocks are indexes into the
+/// ([`Destination::accept_observed`](crate::engine::Destination::accept_observed)). Blocks are indexes into the
 /// destination's own registry; offsets are within the block. Only messages
 /// are seen: RDMA WRITEs into memory already registered leave no trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,6 +10,7 @@
 pub(crate) mod dispatch;
 mod event;
 mod handle;
+pub(crate) mod postcopy;
 mod service;
 mod shared;
 

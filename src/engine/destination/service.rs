@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
+use super::postcopy::plan::PlanBlock;
+use super::postcopy::{self, Blocked};
 use super::shared::Shared;
 use crate::engine::link::{self, Link};
 use crate::engine::pin::{PinAll, Pins};
-use crate::engine::postcopy::destination::Blocked;
-use crate::engine::postcopy::plan::PlanBlock;
-use crate::engine::postcopy::{self, PostcopyPhase, Recovery};
+use crate::engine::postcopy::{PostcopyPhase, Recovery};
 use crate::engine::ram::RamBlocks;
 use crate::engine::{Config, Ending};
 use crate::host::pagemap;
@@ -236,7 +236,7 @@ impl Service {
             (Some(window), Some(source)) => Some(Recovery { config: &self.config, window, source }),
             _ => None,
         };
-        let summary = postcopy::destination::run(
+        let summary = postcopy::run(
             &mut self.link,
             &self.pins,
             plan,

@@ -15,7 +15,7 @@
 //! cannot write into the destination over it: rdma_cm gives the new QP
 //! remote write access, as it gives every connected QP, but no registration
 //! on that domain allows remote writes any more (those the source wrote into
-//! were deregistered before post-copy ran, `postcopy::destination::run`; the
+//! were deregistered before post-copy ran, `destination::postcopy::run`; the
 //! staging and control buffers allow local writes only). The old link's
 //! QPs are destroyed before anything is posted on the new one (the caller
 //! replaces the old link with the new), so no read of the lost connection

@@ -1,10 +1,13 @@
-//! Post-copy over RDMA READ (rdmamig extension, issue 13).
+//! Post-copy over RDMA READ (rdmamig extension, issue 13): what both roles
+//! share (the stale pages, the destination's progress and fetches, what
+//! recovery needs). Each role's part lives with the role:
+//! `engine::source::postcopy` and `engine::destination::postcopy`.
 //!
 //! After its last pre-copy window, with the guest stopped, the source calls
 //! [`Source::postcopy`](crate::engine::Source::postcopy) with the pages the
 //! destination does not have right (dirtied since sent, or never sent). Its
 //! transfer thread registers the 2 MiB windows of the blocks that hold stale
-//! pages for remote read (regions, `source::regions`: registering memory
+//! pages for remote read (regions, `source::postcopy::regions`: registering memory
 //! backs every page of it, and a guest's never-touched memory should stay
 //! so; within its pin budget, or it refuses), sets up a second queue pair
 //! for the destination's fault reads (`link::fault_qp`), registers each
@@ -16,8 +19,8 @@
 //! of about 16 GiB of guest RAM, and post-copy is for large guests.
 //!
 //! The destination's service thread takes the POSTCOPY message and becomes
-//! the post-copy thread (`destination`): it reads and checks the tables
-//! (`plan`, `wire::postcopy_table`), then opens a userfaultfd
+//! the post-copy thread (`destination::postcopy`): it reads and checks the tables
+//! (`destination::postcopy::plan`, `wire::postcopy_table`), then opens a userfaultfd
 //! itself, registers the blocks with stale pages in MISSING mode and drops the
 //! stale pages (`MADV_REMOVE` from shared memory, `MADV_DONTNEED` from private
 //! anonymous memory), so the next touch of one faults. It waits until every
@@ -57,13 +60,9 @@
 //! (`destination::Blocked`). Closing the userfaultfd instead would let them
 //! run on zero-filled pages; SIGBUS through `UFFDIO_POISON` needs Linux 6.6.
 
-pub(crate) mod destination;
 mod fetches;
-mod installer;
-pub(crate) mod plan;
 mod progress;
 mod recovery;
-pub(crate) mod source;
 mod stale;
 
 pub use crate::wire::PostcopySummary;

@@ -11,12 +11,13 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::command::Command;
+use super::postcopy;
 use super::save_range::SaveRange;
 use super::shared::Shared;
 use super::transfer::Transfer;
 use crate::engine::link::{self, Negotiated};
 use crate::engine::pin::{self, Hint, Unregistration};
-use crate::engine::postcopy::{self, PostcopySummary, StalePages};
+use crate::engine::postcopy::{PostcopySummary, StalePages};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::sync::Done;
@@ -316,7 +317,7 @@ impl Source {
                 return Err(Error::new(ErrorKind::State, "post-copy needs a pre-copy window first"));
             }
             self.check_no_postcopy()?;
-            postcopy::source::check(self.shared.front.ram(), stale)?;
+            postcopy::check(self.shared.front.ram(), stale)?;
             // The device state goes out first: the transfer thread takes commands in order.
             self.queue_stream(&mut outgoing, true)?;
             self.postcopy_called.store(true, Ordering::Relaxed);

@@ -11,6 +11,7 @@ pub(crate) mod front;
 mod handle;
 mod pacing;
 mod piece;
+pub(crate) mod postcopy;
 mod registration;
 mod save_range;
 mod shared;

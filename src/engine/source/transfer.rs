@@ -15,6 +15,7 @@ use super::chunk_table::{ChunkKey, ChunkTable, Room};
 use super::command::Command;
 use super::pacing::Pacer;
 use super::piece::Piece;
+use super::postcopy;
 use super::registration::{placed, Registrations, REGISTER_BATCH, RUN_AHEAD};
 use super::shared::Shared;
 use super::sparse::{self, Part};
@@ -24,7 +25,6 @@ use super::zeros::ZeroQueue;
 use crate::bitmap::for_each_run;
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::pin::{Hint, PinAll, Pins, Unregistration};
-use crate::engine::postcopy;
 use crate::engine::ram::{chunk_of, RamBlocks};
 use crate::engine::stats::Counters;
 use crate::engine::Config;
@@ -61,8 +61,8 @@ pub(super) struct Transfer {
     window: WriteWindow,
     pacer: Pacer,
     /// What a failed post-copy left registered for remote read: released
-    /// after the link is gone (see `postcopy::source::run`).
-    postcopy_exposed: Option<postcopy::source::Exposed>,
+    /// after the link is gone (see `postcopy::run`).
+    postcopy_exposed: Option<postcopy::Exposed>,
     /// This side's settings (post-copy's recovery listener takes them).
     config: Config,
 }
@@ -230,7 +230,7 @@ impl Transfer {
                 self.register_deferred()?;
                 self.flush_unregister()?;
                 self.link.fence()?;
-                let summary = postcopy::source::run(
+                let summary = postcopy::run(
                     &mut self.link,
                     &self.pins,
                     &self.ram,

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::StalePages;
 use crate::bitmap::{self, for_each_run};
 use crate::engine::link::Listener;
 use crate::engine::link::{self, Link};
 use crate::engine::pin::Pins;
 use crate::engine::postcopy;
+use crate::engine::postcopy::StalePages;
 use crate::engine::ram::RamBlocks;
 use crate::engine::Config;
 use crate::host::RegisteredBuffer;

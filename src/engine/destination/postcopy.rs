@@ -18,15 +18,14 @@ use std::collections::{HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender};
 
-use super::fetches::{Fetch, Fetches};
-use super::installer::{self, Done, Job};
-use super::plan::{read_tables, PlanBlock};
-use super::progress::{PostcopyPhase, Progress};
-use super::recovery::Recovery;
+mod installer;
+pub(crate) mod plan;
+
 use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::{self, protocol_error, Link};
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
+use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, Progress, Recovery};
 use crate::host::pagemap::page_size;
 use crate::host::uffd::{Installed, Userfault};
 use crate::host::wake::{self, EventFd};
@@ -35,6 +34,8 @@ use crate::logging;
 use crate::verbs::Sge;
 use crate::wire::{CommandType, PostcopySummary, QpEndpoint, POSTCOPY_PAGE_SIZE};
 use crate::{Error, ErrorKind, Result};
+use installer::{Done, Job};
+use plan::{read_tables, PlanBlock};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
