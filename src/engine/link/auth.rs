@@ -70,6 +70,6 @@ pub(super) fn check_source_proof(
 /// From here on, control messages are tagged under the handshake's session.
 fn seal_with(link: &mut Link, key: &AuthKey, t: &Transcript, role: Role) {
     let session = key.session(t);
-    link.seal = Some(Seal::new(&session, role));
+    link.control.seal(Seal::new(&session, role));
     link.session = Some(session);
 }

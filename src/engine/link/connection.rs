@@ -1,57 +1,34 @@
-//! One RDMA connection: the cm id, an RC queue pair with one completion queue,
-//! the three registered control buffers, the READY-credit control channel,
-//! RDMA WRITEs and the liveness probe. Setting it up (resolution, connect,
-//! accept, the listener) is `setup`.
-//!
-//! The control channel is QEMU's: the receiver of a message first SENDs READY
-//! (one credit), and the sender SENDs only after taking that READY, so a SEND
-//! never arrives without a posted RECV (QEMU sets rnr_retry to 0, so that would
-//! kill the connection). Responses (REGISTER_RESULT, RAM_BLOCKS_RESULT,
-//! UNREGISTER_FINISHED, END_ACK) need no credit: the requester posts the
-//! response RECV before its request, and the responder sends the response
-//! before its next READY. This type is the one place that owns the credits.
+//! One RDMA connection, composed of its parts: the control channel
+//! (`control`: buffers, credits, requests), the data path (`data_path`:
+//! writes, reads, fences) and the liveness probe (`liveness`), over one cm
+//! id and an RC queue pair with one completion queue. The link owns the
+//! waits: each pass takes completions and hands each to the part whose work
+//! request it was (`work`), and looks at connection events. Setting a link
+//! up (resolution, connect, accept, the listener) is `setup`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::auth::Session;
-
-use super::errors::{encode_error, protocol_error, SetupFailed};
+use super::control::{ControlChannel, Pending};
+use super::data_path::DataPath;
+use super::errors::SetupFailed;
+use super::liveness::Liveness;
+use super::loss::Loss;
 use super::negotiated::Negotiated;
-use super::seal::Seal;
+use super::work::{Work, INCOMING, RESPONSE};
+use crate::engine::auth::Session;
 use crate::engine::stats::Counters;
 use crate::engine::Config;
-use crate::host::RegisteredBuffer;
 use crate::verbs::{
-    Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ProtectionDomain, QpCaps, QueuePair, Sge,
-    WorkCompletion, WriteList,
+    CmId, CompletionChannel, CompletionQueue, ProtectionDomain, QpCaps, QueuePair, Sge, WorkCompletion,
 };
-use crate::wire::{self, CommandType, EncodeError, Message, MessageWriter, CONTROL_BUFFER_SIZE, CONTROL_TAG_LEN};
+use crate::wire::{CommandType, EncodeError, Message, MessageWriter};
 use crate::{Error, ErrorKind, Result};
-
-/// Work-request ids. They never travel on the wire.
-const WRID_SEND_CONTROL: u64 = 2000;
-const WRID_PROBE: u64 = 3000;
-const WRID_RECV: [u64; 2] = [4000, 4001];
-/// RDMA WRITE ids carry this bit plus the write's sequence number.
-const WRID_WRITE: u64 = 1 << 63;
-/// RDMA READ ids (post-copy) carry this bit plus the reader's tag.
-const WRID_READ: u64 = 1 << 62;
-
-/// Receive slots. `INCOMING` takes READY on the source and every message on the
-/// destination; `RESPONSE` takes the answer to a request.
-pub(super) const INCOMING: usize = 0;
-pub(super) const RESPONSE: usize = 1;
 
 /// Queue sizes as QEMU uses them (512 send WRs, at most 2 RECVs outstanding).
 const SEND_QUEUE_DEPTH: u32 = 512;
 const RECV_QUEUE_DEPTH: u32 = 3;
-/// Writes gathered into one `ibv_post_send` at most, and their bytes: what
-/// saves a system call per write on rxe is batching small ones (a final
-/// round of scattered 4 KiB pages); large ones go out at once.
-const WRITE_LIST_WRS: usize = 16;
-const WRITE_LIST_BYTES: u64 = 256 << 10;
 const CQ_ENTRIES: i32 = 1024;
 /// How often a blocked wait looks at connection events (disconnects), at the
 /// liveness probe and at the hypervisor's abort or cancel.
@@ -69,11 +46,6 @@ pub(crate) struct Link {
     /// The pin budget an rdmamig destination announced (source side).
     pub peer_pin_budget: Option<u64>,
     pub timeout: Duration,
-    pub(super) liveness: Option<Duration>,
-    /// When the outstanding liveness probe was posted.
-    pub(super) probe_posted: Option<Instant>,
-    /// Last completion of any kind: the peer's NIC was there.
-    pub(super) last_heard: Instant,
     pub counters: Arc<Counters>,
     /// Set by the owner of the connection to make blocked waits give up.
     pub stop: Arc<AtomicBool>,
@@ -81,55 +53,18 @@ pub(crate) struct Link {
     pub(super) cq: Arc<CompletionQueue>,
     pub pd: Arc<ProtectionDomain>,
     pub(super) id: Arc<CmId>,
-    /// The control channel's buffers (each page-aligned: with rdma-core's
-    /// fork support on, registrations must cover whole pages).
-    pub(super) recv: [RegisteredBuffer; 2],
-    pub(super) send: RegisteredBuffer,
-    /// Byte length of a message that arrived in each slot and is not yet taken.
-    pub(super) received: [Option<u32>; 2],
-    /// Whether each slot has a RECV posted.
-    pub(super) posted: [bool; 2],
-    /// No control SEND is in flight.
-    pub(super) send_done: bool,
-    /// Writes posted before the control SEND in flight: its completion
-    /// proves them complete (send-queue completions are in order).
-    pub(super) send_fence: u64,
-    /// A request whose response is still to come (`begin_request`): the
-    /// response it expects, and until when.
-    pub(super) pending: Option<(CommandType, Option<Instant>)>,
-    /// The source must take a READY before its next SEND.
-    pub(super) ready_expected: bool,
-    /// The destination sent READY and has not received the message it allows:
-    /// the source has no RECV posted, so nothing else may be sent to it.
-    pub(super) ready_granted: bool,
+    pub(super) control: ControlChannel,
+    pub(super) data: DataPath,
+    liveness: Liveness,
     /// Tearing down: waits no longer give up because `stop` is set.
-    pub(super) aborting: bool,
-    /// Sequence number of the last write handed to `post_write` (posted or
-    /// still gathered in `writes`).
-    pub(super) writes_posted: u64,
-    pub(super) writes_completed: u64,
-    /// Writes gathered for one `ibv_post_send`: posted once full, and before
-    /// anything else is posted or waited for, so that posting order (which
-    /// `send_fence` and `fence` rely on) is the order of the calls.
-    pub(super) writes: WriteList,
-    /// A disconnect (or device removal) event arrived: the link is gone, and
-    /// this is the error every wait reports once the completions that arrived
-    /// before it are taken.
-    pub(super) lost: Option<Error>,
-    /// That event was the peer's disconnect (not a device removal).
-    pub(super) closed_by_peer: bool,
+    aborting: bool,
+    pub(super) loss: Loss,
     /// A work request completed in error: an RC QP is then in the error
     /// state, and nothing posted on it reaches the peer any more.
-    pub(super) qp_failed: bool,
-    /// Tags of RDMA READs completed and not yet taken (`take_reads`).
-    pub(super) reads_done: Vec<u64>,
-    /// Post-copy's second QP, for fault reads (`fault_qp`), on `pd` and `cq`.
-    pub(super) fault_qp: Option<Arc<QueuePair>>,
+    qp_failed: bool,
     /// The keys of an authenticated handshake (`auth`): a recovery
     /// connection that replaces this one proves itself with them.
     pub(super) session: Option<Session>,
-    /// Once authenticated, every control message carries a tag (`seal`).
-    pub(super) seal: Option<Seal>,
 }
 
 impl Link {
@@ -160,53 +95,29 @@ impl Link {
         let caps =
             QpCaps { max_send_wr: SEND_QUEUE_DEPTH, max_recv_wr: RECV_QUEUE_DEPTH, max_send_sge: 1, max_recv_sge: 1 };
         let qp = QueuePair::new(&id, &pd, &cq, &cq, caps)?;
-        let control = || {
-            RegisteredBuffer::new(&pd, CONTROL_BUFFER_SIZE, Access::LOCAL_WRITE).map_err(SetupFailed::control_buffer)
-        };
-        let recv = [control()?, control()?];
-        let send = control()?;
+        let control = ControlChannel::new(&pd)?;
         Ok(Link {
             negotiated,
             peer_pin_budget: None,
             timeout: config.timeout,
-            liveness: config.liveness,
-            probe_posted: None,
-            last_heard: Instant::now(),
             counters,
             stop: replaces.map_or_else(|| Arc::new(AtomicBool::new(false)), |old| old.stop.clone()),
             qp,
             cq,
             pd,
             id,
-            recv,
-            send,
-            received: [None; 2],
-            posted: [false; 2],
-            send_done: true,
-            send_fence: 0,
-            pending: None,
-            ready_expected: true,
-            ready_granted: false,
+            control,
+            data: DataPath::default(),
+            liveness: Liveness::new(config.liveness),
             aborting: false,
-            writes_posted: 0,
-            writes_completed: 0,
-            writes: WriteList::default(),
-            lost: None,
-            closed_by_peer: false,
+            loss: Loss::default(),
             qp_failed: false,
-            reads_done: Vec::new(),
-            fault_qp: None,
             session: None,
-            seal: None,
         })
     }
 
     pub(super) fn post_recv(&mut self, slot: usize) -> Result<()> {
-        debug_assert!(!self.posted[slot] && self.received[slot].is_none());
-        // The slot's bytes are read only once this receive completed (`take`).
-        self.qp.post_recv(WRID_RECV[slot], self.recv[slot].sge(0, CONTROL_BUFFER_SIZE))?;
-        self.posted[slot] = true;
-        Ok(())
+        self.control.post_recv(&self.qp, slot)
     }
 
     /// Takes one batch of completions; when there is none, checks connection
@@ -265,28 +176,24 @@ impl Link {
         self.keepalive()
     }
 
-    pub(super) fn complete(&mut self, wc: &WorkCompletion) -> Result<()> {
-        let id = wc.wr_id();
+    /// Hands a completion to the part whose work request it was; a failed
+    /// one becomes the error that says why.
+    fn complete(&mut self, wc: &WorkCompletion) -> Result<()> {
+        let work = Work::of(wc.wr_id());
         if !wc.is_success() {
             self.qp_failed = true;
             // Work requests flushed by the disconnect: `check_events` reports it.
-            if self.lost.is_some() {
+            if self.loss.is_lost() {
                 return Ok(());
             }
-            let what = match id {
-                WRID_PROBE => "probe".to_string(),
-                WRID_SEND_CONTROL => "control SEND".to_string(),
-                _ if id & WRID_WRITE != 0 => format!("RDMA WRITE #{}", id & !WRID_WRITE),
-                _ if id & WRID_READ != 0 => format!("RDMA READ (post-copy) {:#x}", id & !WRID_READ),
-                _ => "control RECV".to_string(),
-            };
+            let what = work.map_or_else(|| format!("work request {:#x}", wc.wr_id()), Work::name);
             let failed = format!("{what} failed: {} ({})", wc.status_str(), wc.status());
             // A work request out of retries, like a failed probe, is a peer whose
             // NIC acknowledged nothing: it stopped answering, not a local verbs
             // fault. With liveness on, the ACK timeout comes from the liveness
             // time (`setup::set_ack_timeout`), so this is within it.
-            if id == WRID_PROBE || wc.is_retry_exceeded() {
-                let within = if self.liveness.is_some() { " (liveness)" } else { "" };
+            if work == Some(Work::Probe) || wc.is_retry_exceeded() {
+                let within = if self.liveness.is_on() { " (liveness)" } else { "" };
                 return Err(Error::new(
                     ErrorKind::Disconnected,
                     format!("the peer stopped answering{within}: {failed}"),
@@ -298,10 +205,10 @@ impl Link {
             // Without one it is the peer's doing (a key it revoked, a broken
             // or hostile peer): a verbs error.
             if wc.is_remote_error() {
-                if let Some(lost) = self.loss_within(PEER_LOSS_GRACE)? {
-                    let gone = match id {
-                        _ if id & WRID_WRITE != 0 => "the destination went away during an RDMA WRITE",
-                        _ if id & WRID_READ != 0 => "the source went away during an RDMA READ",
+                if let Some(lost) = self.loss.within(&self.id, PEER_LOSS_GRACE)? {
+                    let gone = match work {
+                        Some(Work::Write(_)) => "the destination went away during an RDMA WRITE",
+                        Some(Work::Read(_)) => "the source went away during an RDMA READ",
                         _ => "the peer went away during a control SEND",
                     };
                     return Err(Error::new(ErrorKind::Disconnected, format!("{gone} ({failed}; {})", lost.message)));
@@ -309,26 +216,16 @@ impl Link {
             }
             return Err(Error::new(ErrorKind::Verbs, failed));
         }
-        self.last_heard = Instant::now();
-        if id == WRID_PROBE {
-            self.probe_posted = None;
-        } else if id & WRID_READ != 0 {
-            self.reads_done.push(id & !WRID_READ);
-        } else if id & WRID_WRITE != 0 {
-            // A signalled completion implies every earlier WR on the send queue completed.
-            self.writes_completed = self.writes_completed.max(id & !WRID_WRITE);
-        } else if id == WRID_SEND_CONTROL {
-            self.send_done = true;
-            // Send-queue completions are in order: every write before this SEND is done too.
-            self.writes_completed = self.writes_completed.max(self.send_fence);
-        } else if let Some(slot) = WRID_RECV.iter().position(|&w| w == id) {
-            self.posted[slot] = false;
-            self.received[slot] = Some(wc.byte_len());
-            // The peer re-posts its own receive before it sends: a credit we granted is used.
-            if slot == INCOMING {
-                self.ready_granted = false;
+        let Some(work) = work else { return Ok(()) };
+        self.liveness.heard(work);
+        self.data.completed(work);
+        match work {
+            Work::ControlSend => self.control.sent(),
+            Work::Recv(slot) => {
+                self.control.arrived(slot, wc.byte_len());
+                Counters::add(&self.counters.control_messages, 1);
             }
-            Counters::add(&self.counters.control_messages, 1);
+            Work::Probe | Work::Write(_) | Work::Read(_) => {}
         }
         Ok(())
     }
@@ -337,43 +234,11 @@ impl Link {
     /// events), but only once the CQ is empty: what the peer sent before it
     /// left (its last message, an ERROR) is still taken first.
     pub(super) fn check_events(&mut self) -> Result<()> {
-        while self.lost.is_none() && self.take_event(Duration::ZERO)? {}
-        match self.lost.clone() {
+        self.loss.take_events(&self.id)?;
+        match self.loss.error().cloned() {
             Some(e) if self.reap()? == 0 => Err(e),
             _ => Ok(()),
         }
-    }
-
-    /// Waits up to `grace` for the connection to be lost (a disconnect or
-    /// device removal event); its error, if it was.
-    pub(super) fn loss_within(&mut self, grace: Duration) -> Result<Option<Error>> {
-        let deadline = Instant::now() + grace;
-        while self.lost.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            self.take_event(left)?;
-        }
-        Ok(self.lost.clone())
-    }
-
-    /// Takes the next connection event, waiting up to `wait` for one; a
-    /// disconnect or a device removal marks the link lost. Returns whether
-    /// there was an event.
-    pub(super) fn take_event(&mut self, wait: Duration) -> Result<bool> {
-        let Some(event) = self.id.channel().get_event(Some(wait))? else { return Ok(false) };
-        let kind = event.kind();
-        if matches!(kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit) {
-            self.closed_by_peer = kind != CmEventKind::DeviceRemoval;
-            let why = match kind {
-                CmEventKind::Disconnected => "the peer closed the connection, or its process ended",
-                CmEventKind::DeviceRemoval => "the RDMA device was removed",
-                _ => "the connection was torn down",
-            };
-            self.lost = Some(Error::new(ErrorKind::Disconnected, format!("connection lost: {why} ({kind:?} event)")));
-        }
-        Ok(true)
     }
 
     /// The peer's address (`None` when it is not IP).
@@ -384,33 +249,13 @@ impl Link {
     /// Whether the connection ended with the peer's disconnect (rather than
     /// a device removal, a transport error or a liveness failure).
     pub fn closed_by_peer(&self) -> bool {
-        self.closed_by_peer
+        self.loss.closed_by_peer()
     }
 
-    /// Liveness: posts a zero-length RDMA WRITE when nothing was heard from
-    /// the peer for a third of the liveness time, and fails when one stays
-    /// unacknowledged for two thirds of it. The peer's NIC answers it without
-    /// its software seeing anything, so this works against a QEMU peer too.
-    pub(super) fn keepalive(&mut self) -> Result<()> {
-        let Some(liveness) = self.liveness else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        match self.probe_posted {
-            Some(at) if now.duration_since(at) > liveness * 2 / 3 => Err(Error::new(
-                ErrorKind::Disconnected,
-                format!(
-                    "the peer has not answered for {:?} (liveness probe unacknowledged)",
-                    now.duration_since(self.last_heard)
-                ),
-            )),
-            None if now.duration_since(self.last_heard) >= liveness / 3 => {
-                self.qp.post_zero_write(WRID_PROBE, true)?;
-                self.probe_posted = Some(now);
-                Ok(())
-            }
-            _ => Ok(()),
-        }
+    /// Posts the liveness probe when one is due; fails when the peer
+    /// stopped answering it (see `liveness`).
+    fn keepalive(&mut self) -> Result<()> {
+        self.liveness.check(&self.qp)
     }
 
     pub(super) fn deadline(&self) -> Option<Instant> {
@@ -440,7 +285,7 @@ impl Link {
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
         self.post_send(kind, deadline, build)?;
-        self.wait_until("a control SEND to complete", deadline, |l| l.send_done)
+        self.wait_until("a control SEND to complete", deadline, |l| l.control.send_done())
     }
 
     /// Posts one control SEND without waiting for its completion (the next
@@ -451,23 +296,11 @@ impl Link {
         deadline: Option<Instant>,
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
-        self.wait_until("a control SEND to complete", deadline, |l| l.send_done)?;
-        // A tagged message leaves room for its tag.
-        let room = CONTROL_BUFFER_SIZE - if self.seal.is_some() { CONTROL_TAG_LEN } else { 0 };
-        let mut writer = MessageWriter::new(&mut self.send.bytes_mut()[..room], kind);
-        build(&mut writer).map_err(encode_error)?;
-        let mut len = writer.finish();
-        if let Some(seal) = &mut self.seal {
-            let tag = seal.tag(&self.send.bytes()[..len]);
-            self.send.bytes_mut()[len..len + CONTROL_TAG_LEN].copy_from_slice(&tag);
-            len += CONTROL_TAG_LEN;
-        }
-        let sge = self.send.sge(0, len);
-        self.send_done = false;
-        self.flush_writes()?;
-        self.send_fence = self.writes_posted;
+        self.wait_until("a control SEND to complete", deadline, |l| l.control.send_done())?;
+        let sge = self.control.compose(kind, build)?;
+        self.data.before_control_send(&self.qp)?;
         // The send buffer is not written again until this send completes (above).
-        self.qp.post_send(WRID_SEND_CONTROL, sge, true)?;
+        self.qp.post_send(Work::ControlSend.id(), sge, true)?;
         Counters::add(&self.counters.control_messages, 1);
         Ok(())
     }
@@ -489,17 +322,8 @@ impl Link {
         deadline: Option<Instant>,
         f: impl FnOnce(&Message) -> Result<R>,
     ) -> Result<R> {
-        self.wait_until("a control message from the peer", deadline, |l| l.received[slot].is_some())?;
-        let len = self.received[slot].take().unwrap_or(0) as usize;
-        let mut bytes =
-            self.recv[slot].bytes().get(..len).ok_or_else(|| protocol_error(format_args!("message of {len} bytes")))?;
-        if let Some(seal) = &mut self.seal {
-            bytes = seal.open(bytes)?;
-        }
-        let message = wire::decode_message(bytes).map_err(protocol_error)?;
-        if message.kind == CommandType::Error {
-            return Err(Error::new(ErrorKind::PeerError, "the peer aborted the migration (ERROR message)"));
-        }
+        self.wait_until("a control message from the peer", deadline, |l| l.control.has(slot))?;
+        let message = self.control.open(slot)?;
         f(&message)
     }
 
@@ -523,10 +347,10 @@ impl Link {
 
     /// Sender side: take the peer's READY if one is owed to us.
     pub(super) fn take_ready(&mut self) -> Result<()> {
-        if self.ready_expected {
+        if self.control.ready_expected() {
             let deadline = self.deadline();
             self.take_expected(INCOMING, CommandType::Ready, deadline, |_| Ok(()))?;
-            self.ready_expected = false;
+            self.control.expect_ready(false);
         }
         Ok(())
     }
@@ -537,11 +361,11 @@ impl Link {
         kind: CommandType,
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
     ) -> Result<()> {
-        self.check_no_request()?;
+        self.control.check_no_request()?;
         self.take_ready()?;
         self.post_recv(INCOMING)?;
         self.send(kind, build)?;
-        self.ready_expected = true;
+        self.control.expect_ready(true);
         Ok(())
     }
 
@@ -596,20 +420,20 @@ impl Link {
         build: impl FnOnce(&mut MessageWriter) -> std::result::Result<(), EncodeError>,
         expect: CommandType,
     ) -> Result<()> {
-        self.check_no_request()?;
+        self.control.check_no_request()?;
         self.take_ready()?;
         // The response lands in the first RECV posted, the next READY in the second.
         self.post_recv(RESPONSE)?;
         self.post_recv(INCOMING)?;
         self.post_send(kind, deadline, build)?;
-        self.ready_expected = true;
-        self.pending = Some((expect, deadline));
+        self.control.expect_ready(true);
+        self.control.set_pending(Some(Pending { expect, deadline }));
         Ok(())
     }
 
     /// Whether a request's response is still to come.
     pub fn request_pending(&self) -> bool {
-        self.pending.is_some()
+        self.control.pending().is_some()
     }
 
     /// The response to the outstanding request, handed to `f`, if it has
@@ -618,11 +442,11 @@ impl Link {
     /// it after every queued save, so connection events and the liveness
     /// probe (system calls) are left to its waits and idle passes.
     pub fn poll_response<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<Option<R>> {
-        let Some((_, deadline)) = self.pending else {
+        let Some(Pending { deadline, .. }) = self.control.pending() else {
             return Err(Error::new(ErrorKind::State, "no request is outstanding"));
         };
         self.check_stop("a control message from the peer")?;
-        if self.received[RESPONSE].is_none() && self.reap()? == 0 {
+        if !self.control.has(RESPONSE) && self.reap()? == 0 {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::new(
                     ErrorKind::Timeout,
@@ -631,7 +455,7 @@ impl Link {
             }
             return Ok(None);
         }
-        if self.received[RESPONSE].is_none() {
+        if !self.control.has(RESPONSE) {
             return Ok(None);
         }
         self.finish_request(f).map(Some)
@@ -641,22 +465,11 @@ impl Link {
     /// The request stays pending until its response is taken, so that a
     /// wait that fails leaves it marked as owed (see `send_error`).
     pub fn finish_request<R>(&mut self, f: impl FnOnce(&Message) -> Result<R>) -> Result<R> {
-        let (expect, deadline) =
-            self.pending.ok_or_else(|| Error::new(ErrorKind::State, "no request is outstanding"))?;
+        let Pending { expect, deadline } =
+            self.control.pending().ok_or_else(|| Error::new(ErrorKind::State, "no request is outstanding"))?;
         let r = self.take_expected(RESPONSE, expect, deadline, f)?;
-        self.pending = None;
+        self.control.set_pending(None);
         Ok(r)
-    }
-
-    /// Refuses a control message while a request's response is still to come.
-    pub(super) fn check_no_request(&self) -> Result<()> {
-        match self.pending {
-            Some((expect, _)) => Err(Error::new(
-                ErrorKind::State,
-                format!("a control message while the response {expect:?} is still to come"),
-            )),
-            None => Ok(()),
-        }
     }
 
     /// Receiver side: grant one credit (READY) and wait, without a deadline,
@@ -688,7 +501,7 @@ impl Link {
     ) -> Result<R> {
         // Granted before the SEND: the peer may use the credit (and its message
         // clear the flag) while this side still waits for the SEND's completion.
-        self.ready_granted = true;
+        self.control.grant();
         self.send(CommandType::Ready, |_| Ok(()))?;
         let r = match expect {
             Some(kind) => self.take_expected(INCOMING, kind, deadline, f)?,
@@ -714,20 +527,13 @@ impl Link {
     /// the next wait, control message or [`flush_writes`](Self::flush_writes).
     /// `remote_addr..+len` lies in the peer's MR of `rkey`.
     pub fn post_write(&mut self, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> Result<u64> {
-        let seq = self.writes_posted + 1;
-        self.writes.push(WRID_WRITE | seq, sge, remote_addr, rkey, signaled);
-        self.writes_posted = seq;
-        if self.writes.len() >= WRITE_LIST_WRS || self.writes.bytes() >= WRITE_LIST_BYTES {
-            self.flush_writes()?;
-        }
-        Ok(seq)
+        self.data.post_write(&self.qp, sge, remote_addr, rkey, signaled)
     }
 
     /// Posts the writes gathered by `post_write`: before the caller goes
     /// idle (nothing else would post them).
     pub fn flush_writes(&mut self) -> Result<()> {
-        self.qp.post_writes(&mut self.writes)?;
-        Ok(())
+        self.data.flush(&self.qp)
     }
 
     /// Posts a signalled RDMA READ (post-copy); its completion shows up in
@@ -736,27 +542,23 @@ impl Link {
     /// `remote_addr..+len` lies in the peer's MR of `rkey` (remote read);
     /// the caller reads `sge`'s bytes once the READ completed.
     pub fn post_read(&mut self, tag: u64, sge: Sge, remote_addr: u64, rkey: u32, fault: bool) -> Result<()> {
-        debug_assert!(tag & (WRID_WRITE | WRID_READ) == 0);
-        self.flush_writes()?;
-        let qp = if fault { self.fault_qp.as_ref().unwrap_or(&self.qp) } else { &self.qp };
-        qp.post_read(WRID_READ | tag, sge, remote_addr, rkey, true)?;
-        Ok(())
+        self.data.post_read(&self.qp, tag, sge, remote_addr, rkey, fault)
     }
 
     /// One RDMA READ on the connection's QP, waited for (within the
     /// timeout): for a caller with no other read in flight.
     pub fn read(&mut self, sge: Sge, remote_addr: u64, rkey: u32) -> Result<()> {
-        debug_assert!(self.reads_done.is_empty());
+        debug_assert!(!self.data.has_reads_done());
         self.post_read(0, sge, remote_addr, rkey, false)?;
         let deadline = self.deadline();
-        self.wait_until("an RDMA READ to complete", deadline, |l| !l.reads_done.is_empty())?;
-        self.reads_done.clear();
+        self.wait_until("an RDMA READ to complete", deadline, |l| l.data.has_reads_done())?;
+        self.data.take_reads(&mut Vec::new());
         Ok(())
     }
 
     /// Moves the tags of the READs completed since the last call into `out`.
     pub fn take_reads(&mut self, out: &mut Vec<u64>) {
-        out.append(&mut self.reads_done);
+        self.data.take_reads(out);
     }
 
     /// One pass of a post-copy wait: takes completions; when there were
@@ -778,26 +580,22 @@ impl Link {
     /// signalled zero-length write behind them (completions are in order)
     /// unless they are known complete already.
     pub fn fence(&mut self) -> Result<()> {
-        if self.writes_completed >= self.writes_posted {
-            return Ok(());
+        match self.data.post_fence(&self.qp)? {
+            Some(seq) => self.wait_write(seq),
+            None => Ok(()),
         }
-        self.flush_writes()?;
-        let seq = self.writes_posted + 1;
-        self.qp.post_zero_write(WRID_WRITE | seq, true)?;
-        self.writes_posted = seq;
-        self.wait_write(seq)
     }
 
     /// Writes known to be complete: every write up to this sequence number.
     pub fn writes_completed(&self) -> u64 {
-        self.writes_completed
+        self.data.writes_completed()
     }
 
     /// Waits until write `seq` (and so every write before it) has completed.
     /// Only a signalled write or a later control SEND can report that.
     pub fn wait_write(&mut self, seq: u64) -> Result<()> {
         let deadline = self.deadline();
-        self.wait_until("RDMA WRITEs to complete", deadline, |l| l.writes_completed >= seq)
+        self.wait_until("RDMA WRITEs to complete", deadline, |l| l.data.writes_completed() >= seq)
     }
 
     /// After the last exchange (the source's END_ACK): waits up to
@@ -806,13 +604,7 @@ impl Link {
     /// connection event overtakes a transport ACK on rxe), which would flush
     /// that SEND there and make the peer's end a failure.
     pub fn await_peer_close(&mut self) {
-        let deadline = Instant::now() + CLOSE_GRACE;
-        while self.lost.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.take_event(left).is_err() {
-                return;
-            }
-        }
+        let _ = self.loss.within(&self.id, CLOSE_GRACE);
     }
 
     /// Best effort on abort: tell the peer with an ERROR message. The peer
@@ -830,14 +622,13 @@ impl Link {
         // peer grants no credit before it answers, and that answer may be the
         // very work the failure ends (post-copy's whole pull, which would
         // then run on for the grace).
-        if self.lost.is_some() || self.qp_failed || matches!(self.pending, Some((_, None))) {
+        let owes_unbounded = matches!(self.control.pending(), Some(Pending { deadline: None, .. }));
+        if self.loss.is_lost() || self.qp_failed || owes_unbounded {
             return;
         }
         self.aborting = true;
         let deadline = Some(Instant::now() + ERROR_GRACE);
-        let can_send = self.wait_until("the peer to be able to take an ERROR", deadline, |l| {
-            l.send_done && !l.ready_granted && (!l.ready_expected || l.received[INCOMING].is_some())
-        });
+        let can_send = self.wait_until("the peer to be able to take an ERROR", deadline, |l| l.control.peer_can_take());
         if can_send.is_ok() {
             let _ = self.send_until(CommandType::Error, deadline, |_| Ok(()));
         }
@@ -846,7 +637,7 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        if self.lost.is_none() {
+        if !self.loss.is_lost() {
             let _ = self.id.disconnect();
         }
     }

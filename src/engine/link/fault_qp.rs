@@ -44,24 +44,24 @@ pub(crate) fn open_fault_qp(link: &mut Link) -> Result<()> {
         |m| m.entries::<QpEndpoint>().next().expect("decode_message checked one entry").map_err(protocol_error),
     )?;
     qp.connect_like(&link.qp, Access::REMOTE_READ, remote.qpn, remote.psn, local.psn)?;
-    link.fault_qp = Some(qp);
+    link.data.set_fault_qp(Some(qp));
     Ok(())
 }
 
 /// Destination side, on the source's POSTCOPY_FAULT_QP: makes and
 /// connects this side's fault QP (it only reads) and answers with it.
 pub(crate) fn accept_fault_qp(link: &mut Link, remote: QpEndpoint) -> Result<()> {
-    if link.fault_qp.is_some() {
+    if link.data.fault_qp().is_some() {
         return Err(protocol_error("a second POSTCOPY_FAULT_QP"));
     }
     let qp = QueuePair::companion(&link.pd, &link.cq, FAULT_QP_CAPS)?;
     let local = QpEndpoint { qpn: qp.qp_num(), psn: random_psn()? };
     qp.connect_like(&link.qp, Access::empty(), remote.qpn, remote.psn, local.psn)?;
-    link.fault_qp = Some(qp);
+    link.data.set_fault_qp(Some(qp));
     link.respond(CommandType::PostcopyFaultQpResult, |w| w.push(&local))
 }
 
 /// Destroys the fault QP (post-copy is over).
 pub(crate) fn close_fault_qp(link: &mut Link) {
-    link.fault_qp = None;
+    link.data.set_fault_qp(None);
 }

@@ -28,8 +28,9 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::connection::{Link, EVENT_POLL_INTERVAL, RESPONSE};
+use super::connection::{Link, EVENT_POLL_INTERVAL};
 use super::setup::{accept_from, connect_to, Admit, Listener, Resume};
+use super::work::RESPONSE;
 use crate::engine::Config;
 use crate::wire::{Message, RECOVERY_TOKEN_LEN};
 use crate::{Error, ErrorKind, Result};
@@ -61,7 +62,7 @@ pub(crate) fn accept_recovery(
         accept_from(listener, &Admit::Resume(&resume), 0, old.counters.clone(), Some(left)).map_err(|(e, _)| e)?;
     adopt(&mut link, old)?;
     // The source's role: it takes a READY before each message it sends.
-    link.ready_expected = true;
+    link.control.expect_ready(true);
     Ok(link)
 }
 
@@ -75,7 +76,7 @@ pub(crate) fn reconnect(old: &Link, config: &Config, port: u16, token: [u8; RECO
     let mut link = connect_to(&host, port, config, 0, old.counters.clone(), Some(&resume))?;
     adopt(&mut link, old)?;
     // The destination's role: it grants credits and never waits for one.
-    link.ready_expected = false;
+    link.control.expect_ready(false);
     Ok(link)
 }
 
@@ -100,17 +101,16 @@ fn adopt(link: &mut Link, old: &Link) -> Result<()> {
 /// request itself (`request_unless_recovery`).
 pub(crate) fn abandon(link: &mut Link) {
     let _ = link.qp.to_error();
-    link.fault_qp = None;
-    link.lost
-        .get_or_insert_with(|| Error::new(ErrorKind::Disconnected, "connection given up for a post-copy recovery"));
+    link.data.set_fault_qp(None);
+    link.loss.give_up("connection given up for a post-copy recovery");
 }
 
 /// Source side, waiting for a recovery connection after `abandon`:
 /// whether the peer's disconnect came on this link meanwhile (its
 /// process ended; a recovering destination sends none).
 pub(crate) fn closed_by_peer_since(link: &mut Link) -> Result<bool> {
-    while link.take_event(Duration::ZERO)? {}
-    Ok(link.closed_by_peer)
+    while link.loss.take_event(&link.id, Duration::ZERO)? {}
+    Ok(link.closed_by_peer())
 }
 
 /// Source side, with a request outstanding (`begin_request_by`): its
@@ -124,7 +124,7 @@ pub(crate) fn response_or_request<R>(
     f: impl FnOnce(&Message) -> Result<R>,
 ) -> Result<Option<R>> {
     loop {
-        if link.received[RESPONSE].is_some() {
+        if link.control.has(RESPONSE) {
             return link.finish_request(f).map(Some);
         }
         if listener.is_some_and(Listener::has_request) {
@@ -141,7 +141,7 @@ pub(crate) fn response_or_request<R>(
 /// peer's requests go unanswered, this side's fail).
 pub(crate) fn sever_for_test(link: &Link) -> Result<()> {
     link.qp.to_error()?;
-    if let Some(qp) = &link.fault_qp {
+    if let Some(qp) = link.data.fault_qp() {
         qp.to_error()?;
     }
     Ok(())

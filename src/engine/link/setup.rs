@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::auth::{auth_error, authenticate, check_source_proof};
-use super::connection::{Link, EVENT_POLL_INTERVAL, INCOMING};
+use super::connection::{Link, EVENT_POLL_INTERVAL};
 use super::errors::{protocol_error, SetupFailed};
 use super::negotiated::Negotiated;
+use super::work::INCOMING;
 use crate::engine::auth::{self, Endpoints, Nonce, Role, Transcript};
 use crate::engine::pin;
 use crate::engine::stats::Counters;
@@ -295,7 +296,7 @@ pub(crate) fn accept_return(
             ),
         )
     })?;
-    link.ready_expected = true;
+    link.control.expect_ready(true);
     // Aborting the migration stops waits on either connection.
     link.stop = forward.stop.clone();
     Ok(link)
@@ -582,7 +583,7 @@ impl Request {
             parked.lock().expect_return_path(peer, config.timeout);
         }
         // The destination grants credits; it never waits for one.
-        link.ready_expected = false;
+        link.control.expect_ready(false);
         if let Some((key, t)) = transcript {
             check_source_proof(&mut link, key, &t, &from, deadline)?;
         }
