@@ -19,7 +19,9 @@ engine's own files). It prints, and with --check fails (exit 1) on:
   - cycles among the drawn modules (engine/source <-> engine/link, ...);
   - cycles among engine's files (engine/source/transfer <-> chunks, ...);
   - arrows that point up the layers (LAYERS below: wire -> verbs, engine
-    -> ffi, ...), each with the file, line and path that makes it.
+    -> ffi, ...), each with the file, line and path that makes it;
+  - cycles among the files of the other crates beside SRC (OTHER_CRATES:
+    the C library's capi/src, the CLI's cli/src), read the same way.
 
 Without --check it writes DIR/module-graph.dot (DIR: the docs/ beside SRC)
 and, when Graphviz's dot is installed, DIR/module-graph.svg: arrows in a
@@ -57,6 +59,9 @@ LAYERS = {
 EXPANDED = ("engine",)
 # Files whose cycles count (the engine's: no circle of imports inside it).
 ACYCLIC = "engine"
+# The other crates, beside SRC's parent: their source directory and crate
+# root. No circle of imports among their files either.
+OTHER_CRATES = (("capi/src", "lib.rs"), ("cli/src", "main.rs"))
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 CFG_TEST = re.compile(r"#\s*\[\s*cfg\s*\(\s*test\s*\)\s*\]")
@@ -208,8 +213,8 @@ class Module:
         return "/".join(self.path)
 
 
-def load(src):
-    """The module tree of the crate whose root is SRC/lib.rs, with each module's uses and paths."""
+def load(src, root_name="lib.rs"):
+    """The module tree of the crate whose root is SRC/ROOT_NAME, with each module's uses and paths."""
     modules = []
 
     def parse(module, text, offset, child_dir):
@@ -251,7 +256,7 @@ def load(src):
             segs = (m.group(1),) + tuple(s.strip() for s in m.group(2).split("::")[1:])
             module.refs.append((segs, offset + m.start(), False))
 
-    root_file = os.path.join(src, "lib.rs")
+    root_file = os.path.join(src, root_name)
     if not os.path.isfile(root_file):
         sys.exit(f"module-graph: no crate root {root_file}")
     with open(root_file, encoding="utf-8") as f:
@@ -490,7 +495,8 @@ def main():
                         help="the library crate's source directory (default: src)")
     parser.add_argument("--out", help="where to write module-graph.dot and .svg (default: docs beside SRC)")
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 on a cycle inside the engine or an arrow pointing up")
+                        help="write nothing; exit 1 on a cycle inside the engine or another crate, "
+                        "or an arrow pointing up")
     args = parser.parse_args()
     src = os.path.normpath(os.path.abspath(args.src))
     root = os.path.dirname(src)
@@ -521,9 +527,17 @@ def main():
     print(f"module-graph: arrows pointing up the layers: {len(upward) or 'none'}")
     for a, b in sorted(upward):
         print(f"  {a} -> {b}: {os.path.relpath(drawn_edges[(a, b)].where, root)}")
+    other_cycles = []
+    for crate_src, crate_root in OTHER_CRATES:
+        crate_src = os.path.join(root, crate_src)
+        if os.path.isfile(os.path.join(crate_src, crate_root)):
+            crate_edges = file_edges(load(crate_src, crate_root))
+            crate_files = {n for edge in crate_edges for n in edge}
+            other_cycles += report_cycles(f"cycles among {os.path.relpath(crate_src, root)}'s files", crate_files,
+                                          crate_edges, root)
 
     if args.check:
-        problems = len(drawn_cycles) + len(file_cycles) + len(upward)
+        problems = len(drawn_cycles) + len(file_cycles) + len(upward) + len(other_cycles)
         print(f"module-graph: --check: {'FAIL' if problems else 'OK'}")
         return 1 if problems else 0
     os.makedirs(out, exist_ok=True)

@@ -8,11 +8,11 @@ use std::os::raw::{c_char, c_void};
 use super::args::{bytes, bytes_mut, handle, items, opt_out, out_ref, string};
 use super::buffer::copy_to_c_buf;
 use super::config::rdmamig_config;
-use super::event::wait_of;
 use super::handle::{to_boxed_mut_ptr, try_box_from_ptr, Castable};
 use super::last_error::{record, record_or, Failure};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
+use super::wait::wait_of;
 use crate::connection::Connection;
 use rdmamig::{Ending, Hint, Read, SaveRange, Source, Unregistration};
 

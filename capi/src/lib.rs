@@ -43,6 +43,11 @@ pub mod config;
 pub mod conn;
 pub mod device;
 pub mod event;
+
+// Out of order: cbindgen writes the header's items in the order it meets
+// their modules, and here the wait constants keep their place in it.
+pub mod wait;
+
 pub mod fabric;
 pub mod listener;
 pub mod log;

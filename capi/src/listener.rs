@@ -5,11 +5,11 @@ use std::os::raw::c_char;
 use super::args::{handle, out_ref, string};
 use super::config::rdmamig_config;
 use super::conn::rdmamig_conn;
-use super::event::wait_of;
 use super::handle::{free_box, to_boxed_mut_ptr, Castable};
 use super::last_error::{record, record_or};
 use super::ram::rdmamig_ram;
 use super::status::rdmamig_status;
+use super::wait::wait_of;
 use crate::connection::Connection;
 use rdmamig::{Destination, Listener};
 

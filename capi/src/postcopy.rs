@@ -5,10 +5,10 @@
 
 use super::args::{items, opt_out};
 use super::conn::{rdmamig_conn, run};
-use super::event::wait_of;
 use super::last_error::Failure;
 use super::status::rdmamig_status;
 use super::versioned::{self, VersionedBySize};
+use super::wait::wait_of;
 use rdmamig::{PostcopyPhase, PostcopyProgress, StalePages};
 use std::mem::{offset_of, size_of};
 

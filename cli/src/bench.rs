@@ -17,20 +17,17 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rdmamig::doctor::human;
 use rdmamig::{
-    AuthKey, Config, Destination, Ending, Listener, LogLevel, PostcopyPhase, PostcopyProgress, RamBlocks, Read, Source,
-    StalePages,
+    AuthKey, Config, Destination, Ending, Listener, LogLevel, PostcopyPhase, PostcopyProgress, Read, Source, StalePages,
 };
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
+use crate::guest_ram::{splitmix64, Ram, PAGE};
 use crate::vcpus::Vcpus;
 use crate::BenchArgs;
 
 /// The port when ADDR has none.
 pub const DEFAULT_PORT: u16 = 4444;
-/// The guest's page size (the dirtier's and the dirty bitmap's unit).
-pub(crate) const PAGE: u64 = 4096;
 /// How often the progress bars are redrawn.
 const TICK: Duration = Duration::from_millis(100);
 /// A library error as this program says it: the message (the library's
@@ -104,105 +101,6 @@ pub fn split_addr(s: &str) -> Result<(String, u16), String> {
         _ => Ok((s.to_owned(), DEFAULT_PORT)),
     }
     .and_then(|(h, p)| if h.is_empty() { Err(format!("{s:?}: no address")) } else { Ok((h, p)) })
-}
-
-// ---------------------------------------------------------------------------
-// The guest's RAM.
-
-/// Anonymous private memory: the synthetic guest's RAM.
-pub(crate) struct Ram {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: plain memory; who writes when is this program's protocol (the
-// dirtier writes pages while the library reads them, as a running guest
-// does; the hashes read it only once the dirtier has stopped).
-unsafe impl Send for Ram {}
-unsafe impl Sync for Ram {}
-
-impl Ram {
-    fn new(len: u64) -> Result<Ram, String> {
-        let len = usize::try_from(len).map_err(|_| "size too large".to_string())?;
-        // SAFETY: a fresh anonymous mapping chosen by the kernel.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!("cannot map {} of guest RAM: {}", human(len as u64), std::io::Error::last_os_error()));
-        }
-        Ok(Ram { ptr: ptr.cast(), len })
-    }
-
-    pub(crate) fn pages(&self) -> u64 {
-        self.len as u64 / PAGE
-    }
-
-    /// Where the mapping lies: address and length.
-    pub(crate) fn span(&self) -> (usize, usize) {
-        (self.ptr as usize, self.len)
-    }
-
-    /// The word at `offset`, read volatile (it must happen, and may fault).
-    ///
-    /// # Safety
-    /// `offset + 8` lies inside the mapping.
-    pub(crate) unsafe fn read_u64(&self, offset: u64) -> u64 {
-        (self.ptr.add(offset as usize) as *const u64).read_volatile()
-    }
-
-    /// Fills page `page` with random non-zero bytes drawn from `state`.
-    fn fill_page(&self, page: u64, state: &mut u64) {
-        let words = (PAGE / 8) as usize;
-        // SAFETY: the page lies inside the mapping (callers pass page < pages()); u64-aligned.
-        let p = unsafe { self.ptr.add((page * PAGE) as usize) } as *mut u64;
-        for i in 0..words {
-            let mut w = splitmix64(state);
-            if i == 0 {
-                w |= 1; // never an all-zero page
-            }
-            // SAFETY: inside the page; volatile because the NIC may be reading it (a live guest's write).
-            unsafe { p.add(i).write_volatile(w) };
-        }
-    }
-
-    /// Only once nothing writes it any more.
-    fn sha256(&self) -> String {
-        // SAFETY: the whole mapping is readable; callers ensure no writer is left.
-        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
-        let digest = Sha256::digest(bytes);
-        digest.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    fn registry(&self) -> Result<RamBlocks, String> {
-        let mut r = RamBlocks::new();
-        // SAFETY: the mapping outlives every connection using the registry
-        // (each is closed before the Ram drops).
-        unsafe { r.add("pc.ram", self.ptr, 0, self.len as u64) }.map_err(|e| said(&e))?;
-        Ok(r)
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: our mapping, no longer used.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-pub(crate) fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// Pages changed since the last `take`: one bit per page.
@@ -336,7 +234,7 @@ fn source(args: &BenchArgs, addr: &str, show: bool) -> Result<(Value, bool), Str
     for page in 0..pages {
         ram.fill_page(page, &mut rng);
     }
-    let registry = ram.registry()?;
+    let registry = ram.registry().map_err(|e| said(&e))?;
     if show {
         eprintln!(
             "rdmamig bench: {} guest to {host}:{port}, {}, dirty rate {} pages/s",
@@ -477,7 +375,7 @@ fn destination(args: &BenchArgs, listen: &str, show: bool) -> Result<(Value, boo
     let config = Config { pin_all: true, extensions: !args.qemu_compat, ..config(args)? };
     // Shared with the vCPU threads, which may outlive a failed post-copy (blocked on a page).
     let ram = Arc::new(Ram::new(args.size)?);
-    let registry = ram.registry()?;
+    let registry = ram.registry().map_err(|e| said(&e))?;
     let listener =
         Listener::bind(&host, port, &config).map_err(|e| format!("listen on {host}:{port}: {}", said(&e)))?;
     // Always said (tests wait for it), on stderr: stdout is the result's.
@@ -869,20 +767,5 @@ mod tests {
         refused(&file("long", 0o600, &[7; 1025]), &["not 1025"]);
         refused(&dir.join("missing"), &["missing"]);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn pages_are_never_zero() {
-        let ram = Ram::new(4 * PAGE).unwrap();
-        let mut s = 7;
-        for p in 0..4 {
-            ram.fill_page(p, &mut s);
-        }
-        let bytes = unsafe { std::slice::from_raw_parts(ram.ptr, ram.len) };
-        assert!(bytes.chunks(PAGE as usize).all(|p| p.iter().any(|&b| b != 0)));
-        let first = ram.sha256();
-        let mut s = 7;
-        ram.fill_page(0, &mut s);
-        assert_eq!(ram.sha256(), first, "the same seed gives the same page");
     }
 }

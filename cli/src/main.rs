@@ -13,6 +13,7 @@
 mod bench;
 mod doctor;
 mod fabric;
+mod guest_ram;
 mod vcpus;
 
 use std::path::{Path, PathBuf};

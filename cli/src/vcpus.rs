@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::bench::{splitmix64, Ram, PAGE};
+use crate::guest_ram::{splitmix64, Ram, PAGE};
 
 /// The guest RAM the handler recognises, and the vCPUs it paused.
 static GUEST_START: AtomicUsize = AtomicUsize::new(0);

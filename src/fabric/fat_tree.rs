@@ -1,7 +1,7 @@
 //! Fat-tree generators with deterministic d-mod-k up/down routing, and the
 //! reproduction of Table I of Tasoulas et al. (IEEE Cluster 2015).
 
-use super::invalid;
+use super::error::invalid;
 use super::plan::{plan, Migration, Mode};
 use super::topology::{Topology, LFT_BLOCK, MAX_PORTS, MAX_UNICAST_LID, NO_ROUTE};
 use crate::Result;

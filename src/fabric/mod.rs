@@ -50,14 +50,10 @@
 //! [`FatTree`] generates 2- and 3-level fat trees with d-mod-k routing;
 //! [`table_i`] reproduces Table I of the paper from them.
 
+mod error;
 mod fat_tree;
 mod plan;
 mod topology;
-
-/// The planner's one error: a topology, migration or plan it refuses.
-fn invalid(message: String) -> crate::Error {
-    crate::Error::new(crate::ErrorKind::InvalidArgument, message)
-}
 
 pub use fat_tree::{same_leaf_pair, table_i, table_row, worst_case_pair, FatTree, Pair, TableRow, TABLE_I_TREES};
 pub use plan::{apply, apply_checked, check, plan, Counts, HypervisorSmp, LftSmp, Migration, Mode, Plan};

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::invalid;
+use super::error::invalid;
 use super::topology::{Owner, Topology, WalkEnd, LFT_BLOCK};
 use crate::Result;
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::invalid;
+use super::error::invalid;
 use crate::Result;
 
 /// An LFT entry that routes nowhere (the SM's "no route": 0xFF).

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use libc::c_void;
 
-use super::{from_sockaddr, sys, to_sockaddr, Result, VerbsError};
+use super::address::{from_sockaddr, to_sockaddr};
+use super::{sys, Result, VerbsError};
 
 /// An rdma_cm event channel (`rdma_event_channel`); its fd is non-blocking.
 /// Destroyed on drop, which can only happen after every [`CmId`] on it is gone
@@ -37,7 +38,7 @@ impl EventChannel {
         let raw = unsafe { sys::rdma_create_event_channel() };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("rdma_create_event_channel"))?;
         let ch = EventChannel { raw };
-        super::set_nonblocking(ch.fd(), "fcntl(rdma_event_channel)")?;
+        super::fd::set_nonblocking(ch.fd(), "fcntl(rdma_event_channel)")?;
         Ok(Arc::new(ch))
     }
 
@@ -74,11 +75,11 @@ impl EventChannel {
                 // SAFETY: a fresh, unacknowledged event.
                 return Ok(Some(unsafe { CmEvent::from_raw(ev) }));
             }
-            let e = super::last_errno();
+            let e = super::error::last_errno();
             if e != libc::EAGAIN && e != libc::EWOULDBLOCK && e != libc::EINTR {
                 return Err(VerbsError::new("rdma_get_cm_event", e));
             }
-            if e != libc::EINTR && !super::poll_readable(self.fd(), deadline)? {
+            if e != libc::EINTR && !super::fd::poll_readable(self.fd(), deadline)? {
                 return Ok(None);
             }
         }

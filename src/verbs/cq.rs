@@ -32,7 +32,7 @@ impl CompletionChannel {
         let raw = unsafe { sys::ibv_create_comp_channel(ctx) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_create_comp_channel"))?;
         let ch = CompletionChannel { raw, _id: id.clone() };
-        super::set_nonblocking(ch.fd(), "fcntl(ibv_comp_channel)")?;
+        super::fd::set_nonblocking(ch.fd(), "fcntl(ibv_comp_channel)")?;
         Ok(Arc::new(ch))
     }
 
@@ -184,12 +184,12 @@ impl CompletionQueue {
         }
         let deadline = Instant::now().checked_add(timeout);
         if let Some(other) = other {
-            match super::poll_readable_either(self.channel.fd(), other, deadline)? {
+            match super::fd::poll_readable_either(self.channel.fd(), other, deadline)? {
                 (false, false) => return Ok(false),
                 (false, true) => return Ok(true),
                 _ => {}
             }
-        } else if !super::poll_readable(self.channel.fd(), deadline)? {
+        } else if !super::fd::poll_readable(self.channel.fd(), deadline)? {
             return Ok(false);
         }
         let mut cq = ptr::null_mut();
@@ -198,7 +198,7 @@ impl CompletionQueue {
         // took the event first.
         let rc = unsafe { sys::ibv_get_cq_event(self.channel.raw(), &mut cq, &mut ctx) };
         if rc != 0 {
-            let e = super::last_errno();
+            let e = super::error::last_errno();
             if e == libc::EAGAIN || e == libc::EWOULDBLOCK || e == libc::EINTR {
                 return Ok(true); // spurious: the caller polls anyway
             }

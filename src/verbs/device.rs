@@ -12,7 +12,7 @@ fn with_device_list<T>(f: impl FnOnce(&[*mut sys::ibv_device]) -> T) -> Result<T
     // SAFETY: num is a valid out-pointer.
     let list = unsafe { sys::ibv_get_device_list(&mut num) };
     if list.is_null() {
-        let e = super::last_errno();
+        let e = super::error::last_errno();
         if e == libc::ENOMEM {
             return Err(VerbsError::new("ibv_get_device_list", e));
         }
@@ -324,5 +324,26 @@ impl Drop for Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context").field("name", &self.name()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_device_on_host() {
+        // The build/CI host has no RDMA device. (On an RDMA host this checks
+        // that a bogus name is reported as "no device".)
+        let names = device_names().expect("device_names");
+        match Context::open(None) {
+            Ok(ctx) => assert!(names.contains(&ctx.name())),
+            Err(e) => {
+                assert!(names.is_empty());
+                assert!(e.is_no_device(), "{e}");
+            }
+        }
+        let e = Context::open(Some("no-such-rdma-device")).expect_err("bogus device opened");
+        assert!(e.is_no_device(), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! Fixed-size payload entries (fact sheet §3), plus the rdmamig block-spec extension.
 
+use super::big_endian::{be32, be64};
 use super::error::{DecodeError, EncodeError};
-use super::{be32, be64, AUTH_PROOF_LEN, BLOCK_SPEC_LEN, RECOVERY_TOKEN_LEN};
+use super::{AUTH_PROOF_LEN, BLOCK_SPEC_LEN, RECOVERY_TOKEN_LEN};
 
 /// A fixed-size payload entry.
 ///

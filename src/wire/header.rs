@@ -1,8 +1,9 @@
 //! Connection private data (fact sheet §1.4) and the 16-byte control header (§2.1, §2.2).
 
+use super::big_endian::be32;
 use super::error::DecodeError;
 use super::{
-    be32, AUTH_NONCE_LEN, AUTH_PROOF_LEN, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_RESUME, CONTROL_HEADER_LEN,
+    AUTH_NONCE_LEN, AUTH_PROOF_LEN, CAP_PIN_ALL, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_RESUME, CONTROL_HEADER_LEN,
     PROTOCOL_VERSION, RECOVERY_TAG_LEN,
 };
 
