@@ -27,8 +27,8 @@ pub const RDMAMIG_STATS_SIZE_V1: u32 = 88;
 // (`Stats::FIELDS`, src/engine/stats.rs): add a counter there, then
 // `make generate` rewrites the lines between the markers below and the
 // header. (cbindgen reads this plain struct for the header: it cannot expand
-// macros on stable Rust.) The test `generated_stats_counters`
-// fails while they differ.
+// macros on stable Rust; capi/src/generated.rs.) The test
+// `generated_stats_counters` fails while they differ.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct rdmamig_stats {

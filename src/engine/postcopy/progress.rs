@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use crate::engine::stats::Field;
 
 /// Where a destination's post-copy is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PostcopyPhase {
     /// No POSTCOPY message yet.
+    #[default]
     Idle = 0,
     /// The stale pages are dropped and faults are served: vCPUs may run.
     Running = 1,
@@ -23,7 +24,7 @@ pub enum PostcopyPhase {
 macro_rules! define_progress {
     ($($(#[doc = $doc:literal])* $field:ident,)*) => {
         /// A destination's post-copy progress ([`Destination::postcopy_progress`](crate::engine::Destination::postcopy_progress)).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
         pub struct PostcopyProgress {
             pub phase: PostcopyPhase,
             $($(#[doc = $doc])* pub $field: u64,)*
