@@ -240,9 +240,10 @@ $(BENCH_DEMO): capi/c-tests/rdma_test_demo.c capi/include/rdmamig.h $(SHLIB) $(L
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Icapi/include -o $@ $< -L$(LIBOUT) -Wl,-rpath,'$$ORIGIN/../lib' -lrdmamig -lpthread
 
-# What the C side generates (the counters of rdmamig_stats from
-# rdmamig::Stats::FIELDS; the thread-safety list of rdmamig_conn from the
-# functions' signatures), then the header from it.
+# What the C side generates (the counters of rdmamig_stats and
+# rdmamig_postcopy_progress, rdmamig_status and rdmamig_log_level from the
+# library's lists of them, docs/design.md; the thread-safety list of
+# rdmamig_conn from the functions' signatures), then the header from it.
 generate:
 	RDMAMIG_REGENERATE=1 $(CARGO) test --release -p rdmamig-capi --lib -- generated_
 	$(MAKE) header

@@ -25,21 +25,55 @@ use parking_lot::RwLock;
 
 use crate::{Error, ErrorKind, Result};
 
-/// How much a record matters. Ordered: `Error < Warn < Info < Debug`, so a
-/// hook installed with maximum level `Info` gets errors, warnings and
-/// information, not debug records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u8)]
-pub enum Level {
-    /// A connection failed (the error that ended it), or a connect or accept did.
+/// `define_levels!` below is the one list of the levels, each with its doc
+/// and value: it makes [`Level`] and [`Level::ALL`], from which the C ABI
+/// (capi/) generates its `rdmamig_log_level`. The values are fixed (the C
+/// ABI's); a new level takes the next value.
+macro_rules! define_levels {
+    ($($(#[doc = $doc:literal])* $level:ident = $value:literal,)*) => {
+        /// How much a record matters. Ordered: `Error < Warn < Info < Debug`, so a
+        /// hook installed with maximum level `Info` gets errors, warnings and
+        /// information, not debug records.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[repr(u8)]
+        pub enum Level {
+            $($(#[doc = $doc])* $level = $value,)*
+        }
+
+        impl Level {
+            /// Every level, least verbose first.
+            pub const ALL: [Level; [$($value),*].len()] = [$(Level::$level),*];
+
+            /// The level's name (`Error`, ...), for interfaces that mirror
+            /// [`Level`], such as the C ABI's `rdmamig_log_level`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Level::$level => stringify!($level),)*
+                }
+            }
+
+            /// The level's doc, one line per line (as [`Level::name`]).
+            pub fn doc(self) -> &'static str {
+                match self {
+                    $(Level::$level => concat!($($doc, "\n"),*),)*
+                }
+            }
+        }
+    };
+}
+
+define_levels! {
+    /// A connection failed: the error that ended it, or a failed connect or accept.
     Error = 1,
-    /// Something went wrong and was worked around, or will make a later
-    /// step fail (the kernel refused to pin memory, a budget refused pin-all).
+    /// Something went wrong and was worked around, or will make a later step
+    /// fail: the kernel refused to pin memory (RLIMIT_MEMLOCK), pin-all not
+    /// offered for the pin budget, a connection request refused, fork
+    /// safety off.
     Warn = 2,
-    /// A connection's milestones: connected or accepted, what was
-    /// negotiated, how it ended.
+    /// A connection's milestones: connected or accepted, what the two sides
+    /// negotiated, how the migration ended.
     Info = 3,
-    /// Per-window records (each completed iteration window).
+    /// Per-window records: each completed iteration window. Never per page.
     Debug = 4,
 }
 

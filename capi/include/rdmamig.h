@@ -158,7 +158,7 @@ enum rdmamig_status
    */
   RDMAMIG_ERR_PROTOCOL = 8,
   /**
-   * The peer reported an error.
+   * The peer reported an error (an ERROR control message).
    */
   RDMAMIG_ERR_PEER = 9,
   /**
@@ -681,7 +681,9 @@ typedef struct rdmamig_postcopy_summary {
  * As `rdmamig_stats`: zero it, set `size` to
  * `sizeof(rdmamig_postcopy_progress)`; the library fills the fields that fit
  * in `size` bytes and writes back the number of bytes it filled. The struct
- * only grows, with fields added at the end.
+ * only grows, with fields added at the end: version 1
+ * (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1`) ends with `bytes_pulled`, version 2
+ * (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2`, since 0.10) adds `recoveries`.
  */
 typedef struct rdmamig_postcopy_progress {
   /**
@@ -707,7 +709,7 @@ typedef struct rdmamig_postcopy_progress {
   uint64_t faults_served;
   /**
    * Stale pages found present when they were to be installed (a vCPU's
-   * fault got there first): skipped, never overwritten.
+   * fault, or another install, got there first): skipped, never overwritten.
    */
   uint64_t pages_skipped;
   /**
@@ -715,8 +717,8 @@ typedef struct rdmamig_postcopy_progress {
    */
   uint64_t bytes_pulled;
   /**
-   * Lost connections post-copy got back (`rdmamig_config_set_postcopy_recovery_ms`).
-   * Since 0.10 (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2`).
+   * Lost connections post-copy got back (`Config::postcopy_recovery`,
+   * in C `rdmamig_config_set_postcopy_recovery_ms`).
    */
   uint64_t recoveries;
 } rdmamig_postcopy_progress;

@@ -738,16 +738,7 @@ mod tests {
             line.push_str(&item);
         }
         let generated: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/conn.rs");
-        let text = std::fs::read_to_string(path).unwrap();
-        let (begin, end) = ("// BEGIN generated from the functions' signatures (make generate)\n", "// END generated");
-        let start = text.find(begin).expect("BEGIN marker") + begin.len();
-        let stop = start + text[start..].find(end).expect("END marker");
-        if std::env::var_os("RDMAMIG_REGENERATE").is_some() {
-            std::fs::write(path, format!("{}{generated}{}", &text[..start], &text[stop..])).unwrap();
-        } else {
-            assert_eq!(text[start..stop], generated, "capi/src/conn.rs is stale: run `make generate`");
-        }
+        crate::generated::check_or_rewrite("conn.rs", "the functions' signatures", &generated);
     }
     use rdmamig_status::*;
     use std::ptr::{null, null_mut};

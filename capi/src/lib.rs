@@ -34,6 +34,8 @@ pub(crate) mod args;
 pub(crate) mod boundary;
 pub(crate) mod buffer;
 pub(crate) mod connection;
+#[cfg(test)]
+mod generated;
 pub(crate) mod handle;
 pub(crate) mod last_error;
 pub(crate) mod status;

@@ -10,9 +10,14 @@ use rdmamig::{set_log_hook, LogLevel as Level};
 
 /// The level of a log record (`rdmamig_set_log_callback`). The values are
 /// fixed; a more verbose level has a larger value.
+//
+// Generated from the library's one list of the levels (`Level::ALL`,
+// src/logging.rs; capi/src/generated.rs): the test `generated_log_levels`
+// fails while they differ.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum rdmamig_log_level {
+    // BEGIN generated from rdmamig::LogLevel::ALL (make generate)
     /// A connection failed: the error that ended it, or a failed connect or accept.
     RDMAMIG_LOG_ERROR = 1,
     /// Something went wrong and was worked around, or will make a later step
@@ -25,16 +30,28 @@ pub enum rdmamig_log_level {
     RDMAMIG_LOG_INFO = 3,
     /// Per-window records: each completed iteration window. Never per page.
     RDMAMIG_LOG_DEBUG = 4,
+    // END generated
+}
+
+impl rdmamig_log_level {
+    /// Every value, least verbose first.
+    const ALL: &'static [rdmamig_log_level] = {
+        use rdmamig_log_level::*;
+        &[
+            // BEGIN generated from rdmamig::LogLevel::ALL, the values (make generate)
+            RDMAMIG_LOG_ERROR,
+            RDMAMIG_LOG_WARN,
+            RDMAMIG_LOG_INFO,
+            RDMAMIG_LOG_DEBUG,
+            // END generated
+        ]
+    };
 }
 
 impl From<Level> for rdmamig_log_level {
     fn from(level: Level) -> Self {
-        match level {
-            Level::Error => rdmamig_log_level::RDMAMIG_LOG_ERROR,
-            Level::Warn => rdmamig_log_level::RDMAMIG_LOG_WARN,
-            Level::Info => rdmamig_log_level::RDMAMIG_LOG_INFO,
-            Level::Debug => rdmamig_log_level::RDMAMIG_LOG_DEBUG,
-        }
+        let same = |l: &&rdmamig_log_level| **l as u32 == level as u32;
+        *Self::ALL.iter().find(same).expect("every Level has its rdmamig_log_level (test generated_log_levels)")
     }
 }
 
@@ -113,12 +130,8 @@ pub extern "C" fn rdmamig_set_log_callback(
             let Some(callback) = callback else {
                 return Ok(set_log_hook(None, Level::Error)?);
             };
-            let max = match max_level {
-                l if l == rdmamig_log_level::RDMAMIG_LOG_ERROR as u32 => Level::Error,
-                l if l == rdmamig_log_level::RDMAMIG_LOG_WARN as u32 => Level::Warn,
-                l if l == rdmamig_log_level::RDMAMIG_LOG_INFO as u32 => Level::Info,
-                l if l == rdmamig_log_level::RDMAMIG_LOG_DEBUG as u32 => Level::Debug,
-                other => return Err(Failure::invalid(format!("{F}: unknown max_level {other}"))),
+            let Some(max) = Level::ALL.into_iter().find(|l| *l as u32 == max_level) else {
+                return Err(Failure::invalid(format!("{F}: unknown max_level {max_level}")));
             };
             let c = CCallback { callback, user_data };
             Ok(set_log_hook(Some(Box::new(move |level, message| c.call(level, message))), max)?)
@@ -129,6 +142,7 @@ pub extern "C" fn rdmamig_set_log_callback(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generated::{check_or_rewrite, doc_comment};
     use rdmamig::test_support;
     use std::ffi::CStr;
     use std::ptr::null_mut;
@@ -140,6 +154,27 @@ mod tests {
         let (seen, message) =
             unsafe { (&*(user_data as *const Mutex<Vec<(rdmamig_log_level, String)>>), CStr::from_ptr(message)) };
         seen.lock().unwrap().push((level, message.to_str().unwrap().to_string()));
+    }
+
+    /// The enum and `ALL` between the markers are `Level::ALL`, each level
+    /// with its doc and value; `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
+    #[test]
+    fn generated_log_levels() {
+        let name = |l: Level| format!("RDMAMIG_LOG_{}", l.name().to_uppercase());
+        let variants: String = Level::ALL
+            .iter()
+            .map(|&l| format!("{}    {} = {},\n", doc_comment("    ", l.doc()), name(l), l as u32))
+            .collect();
+        check_or_rewrite("log.rs", "rdmamig::LogLevel::ALL", &variants);
+        let all: String = Level::ALL.iter().map(|&l| format!("            {},\n", name(l))).collect();
+        check_or_rewrite("log.rs", "rdmamig::LogLevel::ALL, the values", &all);
+    }
+
+    #[test]
+    fn every_level_has_its_c_value() {
+        for level in Level::ALL {
+            assert_eq!(rdmamig_log_level::from(level) as u32, level as u32, "{level:?}");
+        }
     }
 
     #[test]

@@ -103,7 +103,14 @@ pub const RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1: u32 = 48;
 /// As `rdmamig_stats`: zero it, set `size` to
 /// `sizeof(rdmamig_postcopy_progress)`; the library fills the fields that fit
 /// in `size` bytes and writes back the number of bytes it filled. The struct
-/// only grows, with fields added at the end.
+/// only grows, with fields added at the end: version 1
+/// (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1`) ends with `bytes_pulled`, version 2
+/// (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2`, since 0.10) adds `recoveries`.
+//
+// The counters are generated from the library's one list of them
+// (`PostcopyProgress::FIELDS`, src/engine/postcopy/progress.rs), as
+// `rdmamig_stats`' are (capi/src/generated.rs): the test
+// `generated_postcopy_progress_counters` fails while they differ.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct rdmamig_postcopy_progress {
@@ -112,6 +119,7 @@ pub struct rdmamig_postcopy_progress {
     pub size: u32,
     /// An `rdmamig_postcopy_phase` value.
     pub phase: u32,
+    // BEGIN generated from rdmamig::PostcopyProgress::FIELDS (make generate)
     /// Stale pages the source announced.
     pub pages_total: u64,
     /// Stale pages not installed yet.
@@ -119,22 +127,25 @@ pub struct rdmamig_postcopy_progress {
     /// Faults served with an RDMA READ of their own.
     pub faults_served: u64,
     /// Stale pages found present when they were to be installed (a vCPU's
-    /// fault got there first): skipped, never overwritten.
+    /// fault, or another install, got there first): skipped, never overwritten.
     pub pages_skipped: u64,
     /// Bytes read from the source.
     pub bytes_pulled: u64,
-    /// Lost connections post-copy got back (`rdmamig_config_set_postcopy_recovery_ms`).
-    /// Since 0.10 (`RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2`).
+    /// Lost connections post-copy got back (`Config::postcopy_recovery`,
+    /// in C `rdmamig_config_set_postcopy_recovery_ms`).
     pub recoveries: u64,
+    // END generated
 }
 
 /// The size of `rdmamig_postcopy_progress` up to `recoveries` (0.10).
 pub const RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2: u32 = 56;
 
-const _: () = assert!(size_of::<rdmamig_postcopy_progress>() == RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2 as usize);
+const _: () = assert!(size_of::<rdmamig_postcopy_progress>() >= RDMAMIG_POSTCOPY_PROGRESS_SIZE_V2 as usize);
 const _: () = assert!(offset_of!(rdmamig_postcopy_progress, pages_total) == 8);
 
-// SAFETY: `size`, `phase` (`u32`), then only `u64` fields (asserted above).
+// SAFETY: `size`, `phase` (`u32`), then only `u64` counters (the generated
+// block; the test `generated_postcopy_progress_counters` checks they are
+// `PostcopyProgress::FIELDS`).
 unsafe impl VersionedBySize for rdmamig_postcopy_progress {
     const NAME: &'static str = "rdmamig_postcopy_progress";
     const SIZE_V1: (u32, &'static str) = (RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1, "RDMAMIG_POSTCOPY_PROGRESS_SIZE_V1");
@@ -341,16 +352,12 @@ fn out_size(out: *mut rdmamig_postcopy_progress, func: &str) -> Result<Option<u3
 /// # Safety
 /// `out` must point to at least `size` writable bytes, `size >= 8`.
 unsafe fn fill(out: *mut rdmamig_postcopy_progress, size: u32, p: &PostcopyProgress) {
-    let full = rdmamig_postcopy_progress {
+    let mut full = rdmamig_postcopy_progress {
         size: size_of::<rdmamig_postcopy_progress>() as u32,
         phase: phase_of(p.phase) as u32,
-        pages_total: p.pages_total,
-        pages_remaining: p.pages_remaining,
-        faults_served: p.faults_served,
-        pages_skipped: p.pages_skipped,
-        bytes_pulled: p.bytes_pulled,
-        recoveries: p.recoveries,
+        ..Default::default()
     };
+    versioned::set_counters(&mut full, &p.values());
     // SAFETY: as this function's contract.
     unsafe { versioned::fill(out, size, &full) };
 }
@@ -360,6 +367,7 @@ mod tests {
     use super::*;
     use crate::conn::rdmamig_conn_free;
     use crate::connection::Connection;
+    use crate::generated::{check_or_rewrite, doc_comment};
     use crate::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
     use std::ptr::{null, null_mut};
@@ -393,6 +401,17 @@ mod tests {
         assert_eq!(in_header, in_rust);
     }
 
+    /// The counters between the markers are `PostcopyProgress::FIELDS`, each
+    /// with its doc; `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
+    #[test]
+    fn generated_postcopy_progress_counters() {
+        let fields: String = PostcopyProgress::FIELDS
+            .iter()
+            .map(|f| format!("{}    pub {}: u64,\n", doc_comment("    ", f.doc), f.name))
+            .collect();
+        check_or_rewrite("postcopy.rs", "rdmamig::PostcopyProgress::FIELDS", &fields);
+    }
+
     #[test]
     fn argument_checks() {
         let conn = to_boxed_mut_ptr::<rdmamig_conn>(Connection::closed());
@@ -423,6 +442,9 @@ mod tests {
     }
 
     #[test]
+    // The update: a counter added to the library's list must not stop this
+    // crate compiling before `make generate` (capi/src/generated.rs).
+    #[allow(clippy::needless_update)]
     fn fill_writes_what_fits() {
         let progress = PostcopyProgress {
             phase: PostcopyPhase::Running,
@@ -432,6 +454,7 @@ mod tests {
             pages_skipped: 1,
             bytes_pulled: 24576,
             recoveries: 2,
+            ..Default::default()
         };
         const JUNK: u64 = 0x5555_5555_5555_5555;
         let mut buf = [JUNK; 8];

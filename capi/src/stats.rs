@@ -27,8 +27,8 @@ pub const RDMAMIG_STATS_SIZE_V1: u32 = 88;
 // (`Stats::FIELDS`, src/engine/stats.rs): add a counter there, then
 // `make generate` rewrites the lines between the markers below and the
 // header. (cbindgen reads this plain struct for the header: it cannot expand
-// macros on stable Rust.) The test `generated_stats_counters`
-// fails while they differ.
+// macros on stable Rust; capi/src/generated.rs.) The test
+// `generated_stats_counters` fails while they differ.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct rdmamig_stats {
@@ -103,11 +103,10 @@ pub struct rdmamig_stats {
 pub const RDMAMIG_STATS_SIZE_V2: u32 = 168;
 
 const _: () = assert!(size_of::<rdmamig_stats>() >= RDMAMIG_STATS_SIZE_V2 as usize);
-// No padding: `size` and `reserved`, then the counters in `Stats::FIELDS` order.
-const _: () = assert!(size_of::<rdmamig_stats>() == 8 + 8 * Stats::FIELDS.len());
 const _: () = assert!(offset_of!(rdmamig_stats, bytes_written) == 8);
 
-// SAFETY: `size`, `reserved`, then only `u64` counters (asserted above).
+// SAFETY: `size`, `reserved`, then only `u64` counters (the generated
+// block; the test `generated_stats_counters` checks they are `Stats::FIELDS`).
 unsafe impl VersionedBySize for rdmamig_stats {
     const NAME: &'static str = "rdmamig_stats";
     const SIZE_V1: (u32, &'static str) = (RDMAMIG_STATS_SIZE_V1, "RDMAMIG_STATS_SIZE_V1");
@@ -143,9 +142,7 @@ pub extern "C" fn rdmamig_conn_get_stats(conn: *const rdmamig_conn, out: *mut rd
 /// `out` must point to at least `size` writable bytes, `size >= 8`.
 unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
     let mut full = rdmamig_stats { size: size_of::<rdmamig_stats>() as u32, ..Default::default() };
-    let counters = std::ptr::addr_of_mut!(full.bytes_written).cast::<[u64; Stats::FIELDS.len()]>();
-    // SAFETY: the counters follow `reserved` with no padding, in `Stats::FIELDS` order (asserted above).
-    unsafe { counters.write(s.values()) };
+    versioned::set_counters(&mut full, &s.values());
     // SAFETY: as this function's contract.
     unsafe { versioned::fill(out, size, &full) };
 }
@@ -154,6 +151,7 @@ unsafe fn fill(out: *mut rdmamig_stats, size: u32, s: &Stats) {
 mod tests {
     use super::*;
     use crate::connection::Connection;
+    use crate::generated::{check_or_rewrite, doc_comment};
     use crate::handle::to_boxed_mut_ptr;
     use rdmamig_status::*;
 
@@ -174,23 +172,9 @@ mod tests {
     /// doc; `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
     #[test]
     fn generated_stats_counters() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stats.rs");
-        let text = std::fs::read_to_string(path).unwrap();
-        let (begin, end) = ("// BEGIN generated from rdmamig::Stats::FIELDS (make generate)\n", "    // END generated");
-        let start = text.find(begin).expect("BEGIN marker") + begin.len();
-        let stop = text.find(end).expect("END marker");
-        let mut fields = String::new();
-        for field in Stats::FIELDS {
-            for line in field.doc.lines() {
-                fields.push_str(&format!("    ///{line}\n"));
-            }
-            fields.push_str(&format!("    pub {}: u64,\n", field.name));
-        }
-        if std::env::var_os("RDMAMIG_REGENERATE").is_some() {
-            std::fs::write(path, format!("{}{fields}{}", &text[..start], &text[stop..])).unwrap();
-        } else {
-            assert_eq!(text[start..stop], fields, "capi/src/stats.rs is stale: run `make generate`");
-        }
+        let fields: String =
+            Stats::FIELDS.iter().map(|f| format!("{}    pub {}: u64,\n", doc_comment("    ", f.doc), f.name)).collect();
+        check_or_rewrite("stats.rs", "rdmamig::Stats::FIELDS", &fields);
     }
 
     #[test]

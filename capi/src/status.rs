@@ -20,10 +20,16 @@ use std::ffi::CStr;
 ///
 /// In C the type is a `uint32_t` (C23 and C++ see an enum with that underlying
 /// type).
+//
+// Generated, with `ALL` and the descriptions, from the library's one list of
+// the error kinds (`ErrorKind::STATUSES`, src/error.rs) and the C API's own
+// statuses (`OWN_STATUSES` below); see capi/src/generated.rs. The test
+// `generated_statuses` fails while they differ.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum rdmamig_status {
+    // BEGIN generated from rdmamig::ErrorKind::STATUSES and OWN_STATUSES (make generate)
     /// Success.
     RDMAMIG_OK = 0,
     /// A required pointer argument was NULL.
@@ -48,7 +54,7 @@ pub enum rdmamig_status {
     RDMAMIG_ERR_VERSION = 7,
     /// The peer sent a malformed or unexpected message.
     RDMAMIG_ERR_PROTOCOL = 8,
-    /// The peer reported an error.
+    /// The peer reported an error (an ERROR control message).
     RDMAMIG_ERR_PEER = 9,
     /// The peer disconnected or the device went away.
     RDMAMIG_ERR_DISCONNECTED = 10,
@@ -88,14 +94,63 @@ pub enum rdmamig_status {
     /// wait (`RDMAMIG_NO_WAIT`). Call again once the connection's event fd
     /// (`rdmamig_conn_event_fd`) is readable.
     RDMAMIG_ERR_WOULD_BLOCK = 21,
+    // END generated
 }
 
+/// A status of the generated blocks in this file: an `ErrorKind`'s
+/// (`ErrorKind::STATUSES`) or one of `OWN_STATUSES`.
+#[cfg(test)]
+#[derive(Clone, Copy)]
+struct Status {
+    value: u32,
+    name: &'static str,
+    doc: &'static str,
+    description: &'static str,
+}
+
+/// `own_statuses! { /// doc  NAME = value, "description"; ... }`: the
+/// `Status`es of the list.
+#[cfg(test)]
+macro_rules! own_statuses {
+    ($($(#[doc = $doc:literal])* $name:ident = $value:literal, $description:literal;)*) => {
+        &[$(Status { value: $value, name: stringify!($name), doc: concat!($($doc, "\n"),*), description: $description }),*]
+    };
+}
+
+/// The statuses that are no `ErrorKind`, the rest of the generated blocks:
+/// the C API's own (success, its argument checks, a panic stopped at the
+/// boundary) and the two endings. A new one takes the next free value, as a
+/// new `ErrorKind` does (src/error.rs).
+#[cfg(test)]
+const OWN_STATUSES: &[Status] = own_statuses! {
+    /// Success.
+    RDMAMIG_OK = 0, "success";
+    /// A required pointer argument was NULL.
+    RDMAMIG_ERR_NULL_PARAMETER = 1, "a required pointer argument was NULL";
+    /// rdmamig panicked (an internal bug); the panic was stopped at the API
+    /// boundary. The handle involved should only be freed afterwards.
+    RDMAMIG_ERR_PANIC = 2, "internal error: rdmamig panicked (caught at the API boundary)";
+    /// A caller-supplied output buffer is too small; the call says how much is needed.
+    RDMAMIG_ERR_BUFFER_TOO_SMALL = 15, "output buffer too small";
+    /// Not an error: the migration completed. The source's last window and
+    /// last stream byte were followed by its end marker, which the destination
+    /// checked against what it received and acknowledged. Only between
+    /// rdmamig peers.
+    RDMAMIG_END_COMPLETED = 16, "migration completed (acknowledged by the destination)";
+    /// Not an error, and not a proof: the peer (QEMU, which has no completion
+    /// handshake) closed the connection outside any iteration window. Whether
+    /// the migration is complete is for the stream to prove (QEMU's
+    /// QEMU_VM_EOF); a source gets it when everything was sent and written.
+    RDMAMIG_END_UNVERIFIED = 17,
+        "peer closed the connection without a completion handshake: the stream must prove completeness";
+};
+
 impl rdmamig_status {
-    /// Every value, in numeric order. Keep in step with the enum (a unit test
-    /// compares it with the header).
-    pub(crate) const ALL: [rdmamig_status; 22] = {
+    /// Every value, in numeric order.
+    pub(crate) const ALL: &'static [rdmamig_status] = {
         use rdmamig_status::*;
-        [
+        &[
+            // BEGIN generated from rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the values (make generate)
             RDMAMIG_OK,
             RDMAMIG_ERR_NULL_PARAMETER,
             RDMAMIG_ERR_PANIC,
@@ -118,6 +173,7 @@ impl rdmamig_status {
             RDMAMIG_ERR_PIN_BUDGET,
             RDMAMIG_ERR_AUTH,
             RDMAMIG_ERR_WOULD_BLOCK,
+            // END generated
         ]
     };
 
@@ -139,6 +195,7 @@ impl rdmamig_status {
     pub fn description(self) -> &'static CStr {
         use rdmamig_status::*;
         match self {
+            // BEGIN generated from rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the descriptions (make generate)
             RDMAMIG_OK => c"success",
             RDMAMIG_ERR_NULL_PARAMETER => c"a required pointer argument was NULL",
             RDMAMIG_ERR_PANIC => c"internal error: rdmamig panicked (caught at the API boundary)",
@@ -163,31 +220,15 @@ impl rdmamig_status {
             RDMAMIG_ERR_PIN_BUDGET => c"pin budget exceeded",
             RDMAMIG_ERR_AUTH => c"peer authentication failed or peer not allowed",
             RDMAMIG_ERR_WOULD_BLOCK => c"nothing ready yet (the call was asked not to wait)",
+            // END generated
         }
     }
 }
 
 impl From<ErrorKind> for rdmamig_status {
+    /// The status whose value is the kind's (`ErrorKind::STATUSES`).
     fn from(kind: ErrorKind) -> Self {
-        use rdmamig_status::*;
-        match kind {
-            ErrorKind::InvalidArgument => RDMAMIG_ERR_INVALID_ARGUMENT,
-            ErrorKind::NoDevice => RDMAMIG_ERR_NO_DEVICE,
-            ErrorKind::Verbs => RDMAMIG_ERR_VERBS,
-            ErrorKind::Connect => RDMAMIG_ERR_CONNECT,
-            ErrorKind::Version => RDMAMIG_ERR_VERSION,
-            ErrorKind::Protocol => RDMAMIG_ERR_PROTOCOL,
-            ErrorKind::PeerError => RDMAMIG_ERR_PEER,
-            ErrorKind::Disconnected => RDMAMIG_ERR_DISCONNECTED,
-            ErrorKind::Timeout => RDMAMIG_ERR_TIMEOUT,
-            ErrorKind::BlockMismatch => RDMAMIG_ERR_BLOCK_MISMATCH,
-            ErrorKind::Aborted => RDMAMIG_ERR_ABORTED,
-            ErrorKind::State => RDMAMIG_ERR_STATE,
-            ErrorKind::Cancelled => RDMAMIG_ERR_CANCELLED,
-            ErrorKind::PinBudget => RDMAMIG_ERR_PIN_BUDGET,
-            ErrorKind::Auth => RDMAMIG_ERR_AUTH,
-            ErrorKind::WouldBlock => RDMAMIG_ERR_WOULD_BLOCK,
-        }
+        Self::from_u32(kind as u32).expect("every ErrorKind has its rdmamig_status (test generated_statuses)")
     }
 }
 
@@ -237,6 +278,7 @@ pub(crate) fn status_of<T>(r: &rdmamig::Result<T>) -> rdmamig_status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generated::{check_or_rewrite, doc_comment};
 
     #[test]
     fn values_are_dense_ordered_and_round_trip() {
@@ -259,32 +301,48 @@ mod tests {
     #[test]
     fn success_is_ok_and_the_two_endings() {
         use rdmamig_status::*;
-        let successes: Vec<_> = rdmamig_status::ALL.into_iter().filter(|s| !s.is_error()).collect();
+        let successes: Vec<_> = rdmamig_status::ALL.iter().copied().filter(|s| !s.is_error()).collect();
         assert_eq!(successes, [RDMAMIG_OK, RDMAMIG_END_COMPLETED, RDMAMIG_END_UNVERIFIED]);
         assert!(RDMAMIG_ERR_WOULD_BLOCK.is_error(), "nothing was done: the caller checks for it first");
     }
 
+    /// The enum, `ALL` and the descriptions between the markers are
+    /// `ErrorKind::STATUSES` and `OWN_STATUSES` in value order;
+    /// `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
+    #[test]
+    fn generated_statuses() {
+        let kinds = ErrorKind::STATUSES.iter().map(|k| Status {
+            value: k.kind as u32,
+            name: k.name,
+            doc: k.doc,
+            description: k.description,
+        });
+        let mut all: Vec<Status> = OWN_STATUSES.iter().copied().chain(kinds).collect();
+        all.sort_by_key(|s| s.value);
+        for pair in all.windows(2) {
+            assert_ne!(pair[0].value, pair[1].value, "{} and {} share a value", pair[0].name, pair[1].name);
+        }
+        let variants: String =
+            all.iter().map(|s| format!("{}    {} = {},\n", doc_comment("    ", s.doc), s.name, s.value)).collect();
+        check_or_rewrite("status.rs", "rdmamig::ErrorKind::STATUSES and OWN_STATUSES", &variants);
+        let values: String = all.iter().map(|s| format!("            {},\n", s.name)).collect();
+        check_or_rewrite("status.rs", "rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the values", &values);
+        // As rustfmt has them: an arm too long for a line (max_width 120) in a block.
+        let arm = |s: &Status| {
+            let line = format!("            {} => c{:?},\n", s.name, s.description);
+            if line.len() - 1 <= 120 {
+                line
+            } else {
+                format!("            {} => {{\n                c{:?}\n            }}\n", s.name, s.description)
+            }
+        };
+        let descriptions: String = all.iter().map(arm).collect();
+        check_or_rewrite("status.rs", "rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the descriptions", &descriptions);
+    }
+
     #[test]
     fn every_error_kind_maps_to_an_error() {
-        use ErrorKind::*;
-        let kinds = [
-            InvalidArgument,
-            NoDevice,
-            Verbs,
-            Connect,
-            Version,
-            Protocol,
-            PeerError,
-            Disconnected,
-            Timeout,
-            BlockMismatch,
-            Aborted,
-            State,
-            Cancelled,
-            PinBudget,
-            Auth,
-            WouldBlock,
-        ];
+        let kinds = ErrorKind::STATUSES.iter().map(|k| k.kind);
         let mut seen = std::collections::HashSet::new();
         for k in kinds {
             let s = rdmamig_status::from(k);
@@ -293,7 +351,7 @@ mod tests {
         }
         let ok: rdmamig::Result<()> = Ok(());
         assert_eq!(rdmamig_status::from(ok), rdmamig_status::RDMAMIG_OK);
-        let err: rdmamig::Result<()> = Err(Error::new(Timeout, "x"));
+        let err: rdmamig::Result<()> = Err(Error::new(ErrorKind::Timeout, "x"));
         assert_eq!(rdmamig_status::from(err), rdmamig_status::RDMAMIG_ERR_TIMEOUT);
     }
 }

@@ -23,6 +23,17 @@ pub(crate) unsafe trait VersionedBySize: Copy {
     const SIZE_V1: (u32, &'static str);
 }
 
+/// Sets the `u64` fields of `full` after its first 8 bytes to `values`, in
+/// order, as many as both have (the struct's generated fields mirror a list
+/// of the library's, which may be a step ahead until `make generate`).
+pub(crate) fn set_counters<T: VersionedBySize>(full: &mut T, values: &[u64]) {
+    let n = ((size_of::<T>() - 8) / 8).min(values.len());
+    let counters = addr_of_mut!(*full).cast::<u8>();
+    // SAFETY: from byte 8 to its end `T` has only `u64` fields, 8-aligned
+    // (the `VersionedBySize` contract): `n` of them fit.
+    unsafe { copy_nonoverlapping(values.as_ptr(), counters.add(8).cast::<u64>(), n) };
+}
+
 /// `out->size` (`None` for a NULL `out`), checked to be at least the first
 /// version's: nothing is written otherwise.
 pub(crate) fn caller_size<T: VersionedBySize>(out: *const T, func: &str) -> Result<Option<u32>, Failure> {

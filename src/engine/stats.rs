@@ -108,7 +108,7 @@ macro_rules! define_stats {
 
 stats_fields!(define_stats);
 
-/// A counter of [`Stats`]: its name and doc.
+/// A counter of [`Stats`] or [`PostcopyProgress`](crate::PostcopyProgress): its name and doc.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field {
     pub name: &'static str,
