@@ -31,6 +31,11 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod bitmap;
+/// The README's Rust example, compiled and run (it only defines functions)
+/// by `cargo test` so that it stays true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;
 pub mod doctor;
 pub mod engine;
 pub mod error;

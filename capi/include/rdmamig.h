@@ -40,25 +40,6 @@
 #define RDMAMIG_DEVICE_NAME_MAX 63
 
 /**
- * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
- * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
- * `rdmamig_conn_wait_postcopy`: wait for ever
- * (the meaning 0 always had).
- */
-#define RDMAMIG_WAIT_FOREVER 0
-
-/**
- * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
- * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
- * `rdmamig_conn_wait_postcopy`: do not wait.
- * The call returns what is ready, or `RDMAMIG_ERR_WOULD_BLOCK` at once; for
- * an event loop, with `rdmamig_listener_event_fd` and
- * `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
- * a real wait of 49.7 days is not one anybody asks for.)
- */
-#define RDMAMIG_NO_WAIT UINT32_MAX
-
-/**
  * An LFT entry that routes nowhere (the SM's 0xFF).
  */
 #define RDMAMIG_FABRIC_NO_ROUTE 255
@@ -91,6 +72,25 @@
  * `staged_bytes`).
  */
 #define RDMAMIG_STATS_SIZE_V2 168
+
+/**
+ * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
+ * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
+ * `rdmamig_conn_wait_postcopy`: wait for ever
+ * (the meaning 0 always had).
+ */
+#define RDMAMIG_WAIT_FOREVER 0
+
+/**
+ * `timeout_ms` of `rdmamig_listener_accept`, `rdmamig_conn_get`,
+ * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_end` and
+ * `rdmamig_conn_wait_postcopy`: do not wait.
+ * The call returns what is ready, or `RDMAMIG_ERR_WOULD_BLOCK` at once; for
+ * an event loop, with `rdmamig_listener_event_fd` and
+ * `rdmamig_conn_event_fd`. (UINT32_MAX: 0 already meant "for ever", and
+ * a real wait of 49.7 days is not one anybody asks for.)
+ */
+#define RDMAMIG_NO_WAIT UINT32_MAX
 
 /**
  * The result of a fallible rdmamig call. `RDMAMIG_OK` (0) is success;
