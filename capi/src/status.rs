@@ -22,14 +22,15 @@ use std::ffi::CStr;
 /// type).
 //
 // Generated, with `ALL` and the descriptions, from the library's one list of
-// the error kinds (`ErrorKind::STATUSES`, src/error.rs) and the C API's own
-// statuses (`OWN_STATUSES` below); see capi/src/generated.rs. The test
+// the error kinds (`ErrorKind::ALL`, src/error.rs), in C words where
+// `C_WORDING` has them, and the C API's own statuses (`OWN_STATUSES` below);
+// see capi/src/generated.rs. The test
 // `generated_statuses` fails while they differ.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum rdmamig_status {
-    // BEGIN generated from rdmamig::ErrorKind::STATUSES and OWN_STATUSES (make generate)
+    // BEGIN generated from rdmamig::ErrorKind::ALL and OWN_STATUSES (make generate)
     /// Success.
     RDMAMIG_OK = 0,
     /// A required pointer argument was NULL.
@@ -97,13 +98,13 @@ pub enum rdmamig_status {
     // END generated
 }
 
-/// A status of the generated blocks in this file: an `ErrorKind`'s
-/// (`ErrorKind::STATUSES`) or one of `OWN_STATUSES`.
+/// A status of the generated blocks in this file: an `ErrorKind`'s or one
+/// of `OWN_STATUSES`.
 #[cfg(test)]
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Status {
     value: u32,
-    name: &'static str,
+    name: std::borrow::Cow<'static, str>,
     doc: &'static str,
     description: &'static str,
 }
@@ -113,9 +114,86 @@ struct Status {
 #[cfg(test)]
 macro_rules! own_statuses {
     ($($(#[doc = $doc:literal])* $name:ident = $value:literal, $description:literal;)*) => {
-        &[$(Status { value: $value, name: stringify!($name), doc: concat!($($doc, "\n"),*), description: $description }),*]
+        &[$(Status {
+            value: $value,
+            name: std::borrow::Cow::Borrowed(stringify!($name)),
+            doc: concat!($($doc, "\n"),*),
+            description: $description,
+        }),*]
     };
 }
+
+/// An `ErrorKind`'s status: `RDMAMIG_ERR_` and the kind's name in
+/// capitals, with the kind's value, doc and description, but for the names
+/// and docs of `C_WORDING`.
+#[cfg(test)]
+fn kind_status(kind: ErrorKind) -> Status {
+    let wording = C_WORDING.iter().find(|(k, ..)| *k == kind);
+    let name = match wording.and_then(|(_, name, _)| *name) {
+        Some(name) => std::borrow::Cow::Borrowed(name),
+        None => {
+            let mut name = String::from("RDMAMIG_ERR");
+            for c in kind.name().chars() {
+                if c.is_uppercase() {
+                    name.push('_');
+                }
+                name.push(c.to_ascii_uppercase());
+            }
+            std::borrow::Cow::Owned(name)
+        }
+    };
+    let doc = wording.and_then(|(.., doc)| *doc).unwrap_or(kind.doc());
+    Status { value: kind as u32, name, doc, description: kind.description() }
+}
+
+/// `c_wording! { Kind NAME? { /// doc }?; ... }`: the entries of `C_WORDING`.
+#[cfg(test)]
+macro_rules! c_wording {
+    ($($kind:ident $($name:ident)? $({ $(#[doc = $doc:literal])* })?;)*) => {
+        &[$((ErrorKind::$kind, c_wording!(@opt $(stringify!($name))?), c_wording!(@opt $(concat!($($doc, "\n"),*))?))),*]
+    };
+    (@opt $x:expr) => { Some($x) };
+    (@opt) => { None };
+}
+
+/// Where a kind's status says it in C words: a name other than the kind's
+/// in capitals, or a doc that names C functions where the kind's names Rust
+/// items. Wording only: a kind not here is generated all the same.
+#[cfg(test)]
+const C_WORDING: &[(ErrorKind, Option<&str>, Option<&str>)] = c_wording! {
+    InvalidArgument {
+        /// An argument was present but not valid (bad length, not UTF-8, out of range, ...).
+    };
+    Connect {
+        /// Address/route resolution or connection establishment failed; among
+        /// others, nothing listens at the address and port yet (the message says
+        /// "no listener on ..."). A source started before its destination
+        /// listens may call `rdmamig_connect` again until a deadline of its own,
+        /// or wait for word from the destination's side that
+        /// `rdmamig_listener_new` returned.
+    };
+    PeerError RDMAMIG_ERR_PEER;
+    Cancelled {
+        /// The wait was cancelled (`rdmamig_listener_cancel`).
+    };
+    PinBudget {
+        /// Guest memory could not be registered within the pin budget
+        /// (`rdmamig_config_set_pin_budget`) or the kernel's memlock limit, even
+        /// after unpinning what could be; or, on a destination, the source asked
+        /// to pin more than the destination's budget.
+    };
+    Auth {
+        /// Peer authentication failed: the peer did not prove the pre-shared key
+        /// (`rdmamig_config_set_auth_key`), does not authenticate while this side
+        /// requires it, or (destination) its address is not allowed
+        /// (`rdmamig_config_allow_source`).
+    };
+    WouldBlock {
+        /// Not a failure: nothing is ready yet and the call was asked not to
+        /// wait (`RDMAMIG_NO_WAIT`). Call again once the connection's event fd
+        /// (`rdmamig_conn_event_fd`) is readable.
+    };
+};
 
 /// The statuses that are no `ErrorKind`, the rest of the generated blocks:
 /// the C API's own (success, its argument checks, a panic stopped at the
@@ -150,7 +228,7 @@ impl rdmamig_status {
     pub(crate) const ALL: &'static [rdmamig_status] = {
         use rdmamig_status::*;
         &[
-            // BEGIN generated from rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the values (make generate)
+            // BEGIN generated from rdmamig::ErrorKind::ALL and OWN_STATUSES, the values (make generate)
             RDMAMIG_OK,
             RDMAMIG_ERR_NULL_PARAMETER,
             RDMAMIG_ERR_PANIC,
@@ -195,7 +273,7 @@ impl rdmamig_status {
     pub fn description(self) -> &'static CStr {
         use rdmamig_status::*;
         match self {
-            // BEGIN generated from rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the descriptions (make generate)
+            // BEGIN generated from rdmamig::ErrorKind::ALL and OWN_STATUSES, the descriptions (make generate)
             RDMAMIG_OK => c"success",
             RDMAMIG_ERR_NULL_PARAMETER => c"a required pointer argument was NULL",
             RDMAMIG_ERR_PANIC => c"internal error: rdmamig panicked (caught at the API boundary)",
@@ -226,7 +304,7 @@ impl rdmamig_status {
 }
 
 impl From<ErrorKind> for rdmamig_status {
-    /// The status whose value is the kind's (`ErrorKind::STATUSES`).
+    /// The status whose value is the kind's (`ErrorKind::ALL`).
     fn from(kind: ErrorKind) -> Self {
         Self::from_u32(kind as u32).expect("every ErrorKind has its rdmamig_status (test generated_statuses)")
     }
@@ -307,26 +385,21 @@ mod tests {
     }
 
     /// The enum, `ALL` and the descriptions between the markers are
-    /// `ErrorKind::STATUSES` and `OWN_STATUSES` in value order;
+    /// `ErrorKind::ALL` and `OWN_STATUSES` in value order;
     /// `RDMAMIG_REGENERATE=1` rewrites them (`make generate`).
     #[test]
     fn generated_statuses() {
-        let kinds = ErrorKind::STATUSES.iter().map(|k| Status {
-            value: k.kind as u32,
-            name: k.name,
-            doc: k.doc,
-            description: k.description,
-        });
-        let mut all: Vec<Status> = OWN_STATUSES.iter().copied().chain(kinds).collect();
+        let kinds = ErrorKind::ALL.iter().map(|&k| kind_status(k));
+        let mut all: Vec<Status> = OWN_STATUSES.iter().cloned().chain(kinds).collect();
         all.sort_by_key(|s| s.value);
         for pair in all.windows(2) {
             assert_ne!(pair[0].value, pair[1].value, "{} and {} share a value", pair[0].name, pair[1].name);
         }
         let variants: String =
             all.iter().map(|s| format!("{}    {} = {},\n", doc_comment("    ", s.doc), s.name, s.value)).collect();
-        check_or_rewrite("status.rs", "rdmamig::ErrorKind::STATUSES and OWN_STATUSES", &variants);
+        check_or_rewrite("status.rs", "rdmamig::ErrorKind::ALL and OWN_STATUSES", &variants);
         let values: String = all.iter().map(|s| format!("            {},\n", s.name)).collect();
-        check_or_rewrite("status.rs", "rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the values", &values);
+        check_or_rewrite("status.rs", "rdmamig::ErrorKind::ALL and OWN_STATUSES, the values", &values);
         // As rustfmt has them: an arm too long for a line (max_width 120) in a block.
         let arm = |s: &Status| {
             let line = format!("            {} => c{:?},\n", s.name, s.description);
@@ -337,12 +410,12 @@ mod tests {
             }
         };
         let descriptions: String = all.iter().map(arm).collect();
-        check_or_rewrite("status.rs", "rdmamig::ErrorKind::STATUSES and OWN_STATUSES, the descriptions", &descriptions);
+        check_or_rewrite("status.rs", "rdmamig::ErrorKind::ALL and OWN_STATUSES, the descriptions", &descriptions);
     }
 
     #[test]
     fn every_error_kind_maps_to_an_error() {
-        let kinds = ErrorKind::STATUSES.iter().map(|k| k.kind);
+        let kinds = ErrorKind::ALL.iter().copied();
         let mut seen = std::collections::HashSet::new();
         for k in kinds {
             let s = rdmamig_status::from(k);
