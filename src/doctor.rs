@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use crate::engine::pin::{self, CONTROL_PINNED};
 use crate::engine::source::REGISTER_BATCH;
 use crate::host::limits;
-use crate::verbs::{self, CmEventKind, CmId, EventChannel, Gid, LinkLayer, PortState};
+use crate::verbs::{self, CmEventKind, CmId, EventChannel};
 use crate::wire::CHUNK_SIZE;
 
 /// The verbs facts a [`Report`] names.
-pub use crate::verbs::{ForkMode, GidType};
+pub use crate::verbs::{ForkMode, Gid, GidType, LinkLayer, PortState};
 
 /// How long the rdma_cm check waits for each resolution.
 const CM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -39,16 +39,64 @@ impl Verdict {
     }
 }
 
-/// One checked item.
+/// One checked item: what was found, and its verdict. The CLI words it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finding {
-    /// What was checked, e.g. `"rxe0 port 1"`, `"memlock (pin-all)"`.
-    pub item: String,
     pub verdict: Verdict,
-    /// What was found.
-    pub detail: String,
-    /// What to change (for warn and fail).
-    pub fix: Option<String>,
+    pub found: Found,
+}
+
+/// What a check found, with the facts that say so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// The device list could not be read, and why.
+    DeviceListError(String),
+    /// libibverbs lists no RDMA device.
+    NoDevice,
+    /// The RDMA devices, by name.
+    Devices(Vec<String>),
+    /// A device that could not be opened or queried, and why.
+    DeviceError { device: String, error: String },
+    /// A port that could not be queried, and why.
+    PortError { device: String, port: u8, error: String },
+    /// A port, and what keeps it from full use (`None`: nothing).
+    Port { device: String, port: PortReport, issue: Option<PortIssue> },
+    /// rdma_cm bound to `address` on the device and resolved it and a route to it.
+    CmResolved { device: String, address: IpAddr },
+    /// rdma_cm failed on `address`, and why.
+    CmFailed { device: String, address: IpAddr, error: String },
+    /// rdma_cm was not checked, and why (no address to check with).
+    CmUnchecked { device: String, reason: String },
+    /// No device has an active port with an address.
+    NoUsablePort,
+    /// The pinning limits against dynamic registration's needs: at `least`
+    /// (below: fail), and for full registration batches (below: warn).
+    MemlockDynamic { limits: MemoryLimits, least: u64, full_batches: u64 },
+    /// The pinning limits against pin-all of a `guest`-byte guest, which
+    /// needs `need` bytes pinned per process (not all: warn).
+    MemlockPinAll { limits: MemoryLimits, guest: u64, need: u64 },
+    /// The pinning limits, without a guest size to check pin-all against:
+    /// it needs the guest's size plus `control` bytes per process.
+    MemlockPinAllUnsized { limits: MemoryLimits, control: u64 },
+    /// The process has no cgroup memory limit.
+    NoCgroupLimit,
+    /// The cgroup memory limit against the guest's size (`None`: not given;
+    /// a guest that does not fit with the control channel: fail).
+    CgroupLimit { limit: u64, guest: Option<u64> },
+    /// The fork-safety mode, and the environment variable set for it (`NAME=value`).
+    ForkSafety { mode: ForkMode, env: Option<String> },
+}
+
+/// Why a port that could be queried is not fully usable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortIssue {
+    /// Not PORT_ACTIVE: the link is down.
+    Down,
+    /// An Ethernet (RoCE) port without an IP address among its GIDs: rdma_cm
+    /// cannot reach it.
+    NoAddress,
+    /// A RoCE port running below its max MTU: the interface's MTU bounds it.
+    SmallMtu,
 }
 
 /// One GID table entry that is in use.
@@ -72,6 +120,13 @@ pub struct PortReport {
     pub gids: Vec<GidEntry>,
     /// Why the port could not be queried (then the rest is empty/default).
     pub error: Option<String>,
+}
+
+impl PortReport {
+    /// How many of its GIDs are IP addresses (RoCE's are; InfiniBand's are not).
+    pub fn ip_gids(&self) -> usize {
+        self.gids.iter().filter(|g| g.gid.gid_type != GidType::Ib).count()
+    }
 }
 
 /// The rdma_cm check of one device: bind an id to the device's address, then
@@ -316,245 +371,86 @@ fn expect(channel: &EventChannel, kind: CmEventKind) -> Result<(), String> {
     Ok(())
 }
 
-/// Bytes as `ulimit -l` takes them: KiB, rounded up.
-pub fn kib(bytes: u64) -> u64 {
-    bytes.div_ceil(1024)
-}
-
-/// Bytes for people: "1.5 GiB", "64 MiB".
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} bytes")
-    } else if value.fract() == 0.0 {
-        format!("{value:.0} {}", UNITS[unit])
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-/// What to set for a memlock limit of `bytes`.
-fn memlock_fix(bytes: u64) -> String {
-    let k = kib(bytes);
-    format!(
-        "raise RLIMIT_MEMLOCK to at least {k} KiB: `ulimit -l {k}` in the shell that starts the hypervisor \
-         (the hard limit must allow it: /etc/security/limits.conf `memlock`), or `LimitMEMLOCK={k}K` in its \
-         systemd unit's [Service] section; or give it CAP_IPC_LOCK"
-    )
-}
-
-fn limit_text(limit: Option<u64>) -> String {
-    limit.map_or_else(|| "unlimited".into(), |l| format!("{} ({} KiB)", human(l), kib(l)))
-}
-
 /// The verdicts on what `report` holds (its `findings` are ignored).
 pub fn findings(report: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
-    let mut push = |item: String, verdict: Verdict, detail: String, fix: Option<String>| {
-        out.push(Finding { item, verdict, detail, fix });
-    };
+    let mut push = |verdict: Verdict, found: Found| out.push(Finding { verdict, found });
 
     // Devices, ports, rdma_cm.
     match (&report.device_list_error, report.devices.is_empty()) {
-        (Some(e), _) => push("devices".into(), Verdict::Fail, format!("cannot list RDMA devices: {e}"), None),
-        (None, true) => push(
-            "devices".into(),
-            Verdict::Fail,
-            "no RDMA device on this host (libibverbs lists none)".into(),
-            Some(
-                "load the NIC's RDMA driver (check with `ibv_devices`), or for Soft-RoCE: `modprobe rdma_rxe; \
-                 rdma link add rxe0 type rxe netdev ETH`"
-                    .into(),
-            ),
-        ),
-        (None, false) => {
-            let names: Vec<&str> = report.devices.iter().map(|d| d.name.as_str()).collect();
-            push("devices".into(), Verdict::Ok, format!("{} RDMA device(s): {}", names.len(), names.join(", ")), None)
-        }
+        (Some(e), _) => push(Verdict::Fail, Found::DeviceListError(e.clone())),
+        (None, true) => push(Verdict::Fail, Found::NoDevice),
+        (None, false) => push(Verdict::Ok, Found::Devices(report.devices.iter().map(|d| d.name.clone()).collect())),
     }
     let mut usable = false;
     for dev in &report.devices {
+        let device = || dev.name.clone();
         if let Some(e) = &dev.error {
-            push(dev.name.clone(), Verdict::Fail, format!("cannot open or query the device: {e}"), None);
+            push(Verdict::Fail, Found::DeviceError { device: device(), error: e.clone() });
             continue;
         }
         for port in &dev.ports {
-            let item = format!("{} port {}", dev.name, port.port);
             if let Some(e) = &port.error {
-                push(item, Verdict::Fail, format!("cannot query the port: {e}"), None);
+                push(Verdict::Fail, Found::PortError { device: device(), port: port.port, error: e.clone() });
                 continue;
             }
-            let ips = port.gids.iter().filter(|g| g.gid.gid_type != GidType::Ib).count();
-            let detail = format!(
-                "{}, {}, active MTU {} (max {}), {} GID(s){}",
-                port.state.name(),
-                port.link_layer.name(),
-                port.active_mtu,
-                port.max_mtu,
-                port.gids.len(),
-                if port.link_layer == LinkLayer::Ethernet { format!(", {ips} with an IP address") } else { "".into() }
-            );
-            if port.state != PortState::Active {
-                push(
-                    item,
-                    Verdict::Warn,
-                    detail,
-                    Some("bring the link up (`ip link set ETH up`, cabling, subnet manager)".into()),
-                );
-            } else if port.link_layer == LinkLayer::Ethernet && ips == 0 {
-                push(
-                    item,
-                    Verdict::Warn,
-                    detail,
-                    Some("give the port's network interface an IP address: RoCE GIDs are its IP addresses".into()),
-                );
-            } else if port.link_layer == LinkLayer::Ethernet && port.active_mtu < port.max_mtu {
-                usable = true;
-                push(
-                    item,
-                    Verdict::Warn,
-                    detail,
-                    Some(format!(
-                        "RoCE's MTU follows the interface's: set the interface MTU to at least {} (e.g. 9000) for {}-byte RDMA packets",
-                        port.max_mtu + 100,
-                        port.max_mtu
-                    )),
-                );
+            let ethernet = port.link_layer == LinkLayer::Ethernet;
+            let issue = if port.state != PortState::Active {
+                Some(PortIssue::Down)
+            } else if ethernet && port.ip_gids() == 0 {
+                Some(PortIssue::NoAddress)
+            } else if ethernet && port.active_mtu < port.max_mtu {
+                Some(PortIssue::SmallMtu)
             } else {
-                usable = true;
-                push(item, Verdict::Ok, detail, None);
-            }
+                None
+            };
+            usable |= matches!(issue, None | Some(PortIssue::SmallMtu));
+            let verdict = if issue.is_some() { Verdict::Warn } else { Verdict::Ok };
+            push(verdict, Found::Port { device: device(), port: port.clone(), issue });
         }
-        let item = format!("{} rdma_cm", dev.name);
-        match (&dev.cm.address, &dev.cm.result) {
-            (Some(ip), Ok(())) => push(item, Verdict::Ok, format!("bound, address and route resolved on {ip}"), None),
-            (Some(ip), Err(e)) => push(
-                item,
-                Verdict::Fail,
-                format!("on {ip}: {e}"),
-                Some("check `rdma link show` and that the interface has this address; load rdma_ucm (`modprobe rdma_ucm`)".into()),
-            ),
-            (None, Err(e)) => push(
-                item,
-                Verdict::Warn,
-                format!("not checked: {e}"),
-                Some("rdma_cm connects by IP address: give the device's network interface (RoCE) or IPoIB interface an address".into()),
-            ),
+        match (dev.cm.address, &dev.cm.result) {
+            (Some(address), Ok(())) => push(Verdict::Ok, Found::CmResolved { device: device(), address }),
+            (Some(address), Err(e)) => {
+                push(Verdict::Fail, Found::CmFailed { device: device(), address, error: e.clone() })
+            }
+            (None, Err(e)) => push(Verdict::Warn, Found::CmUnchecked { device: device(), reason: e.clone() }),
             (None, Ok(())) => {}
         }
     }
     if !report.devices.is_empty() && !usable {
-        push("ports".into(), Verdict::Fail, "no active port with an address".into(), None);
+        push(Verdict::Fail, Found::NoUsablePort);
     }
 
     // Pinning.
-    let mem = &report.memory;
+    let limits = report.memory;
     let needs = &report.needs;
-    let limit = mem.effective;
-    let why_limit = if mem.cap_ipc_lock {
-        format!("CAP_IPC_LOCK: no limit (RLIMIT_MEMLOCK {} does not apply)", limit_text(mem.memlock_soft))
-    } else {
-        format!("RLIMIT_MEMLOCK {} (hard {})", limit_text(mem.memlock_soft), limit_text(mem.memlock_hard))
-    };
-    let fits = |need: u64| limit.is_none_or(|l| l >= need);
-    let dyn_detail = format!(
-        "{why_limit}; dynamic registration needs at least {} ({} KiB), {} ({} KiB) for full registration batches",
-        human(needs.dynamic_min),
-        kib(needs.dynamic_min),
-        human(needs.dynamic_full),
-        kib(needs.dynamic_full)
-    );
+    let fits = |need: u64| limits.effective.is_none_or(|l| l >= need);
+    let dynamic = Found::MemlockDynamic { limits, least: needs.dynamic_min, full_batches: needs.dynamic_full };
     if !fits(needs.dynamic_min) {
-        push("memlock (dynamic)".into(), Verdict::Fail, dyn_detail, Some(memlock_fix(needs.dynamic_full)));
+        push(Verdict::Fail, dynamic);
     } else if !fits(needs.dynamic_full) {
-        push(
-            "memlock (dynamic)".into(),
-            Verdict::Warn,
-            format!("{dyn_detail}: registrations go in smaller batches"),
-            Some(memlock_fix(needs.dynamic_full)),
-        );
+        push(Verdict::Warn, dynamic);
     } else {
-        push("memlock (dynamic)".into(), Verdict::Ok, dyn_detail, None);
+        push(Verdict::Ok, dynamic);
     }
     match (report.guest_size, needs.pin_all) {
         (Some(guest), Some(need)) => {
-            let detail = format!(
-                "{why_limit}; pin-all pins the whole guest ({}) on each side: {} ({} KiB) per process",
-                human(guest),
-                human(need),
-                kib(need)
-            );
-            if fits(need) {
-                push("memlock (pin-all)".into(), Verdict::Ok, detail, None);
-            } else {
-                push(
-                    "memlock (pin-all)".into(),
-                    Verdict::Warn,
-                    format!("{detail}: pin-all would be dropped at connect (dynamic registration instead)"),
-                    Some(memlock_fix(need)),
-                );
-            }
+            let verdict = if fits(need) { Verdict::Ok } else { Verdict::Warn };
+            push(verdict, Found::MemlockPinAll { limits, guest, need });
         }
-        _ => push(
-            "memlock (pin-all)".into(),
-            Verdict::Ok,
-            format!(
-                "{why_limit}; pin-all needs the guest's size plus {} per process: give --guest-size to check",
-                human(CONTROL_PINNED)
-            ),
-            None,
-        ),
+        _ => push(Verdict::Ok, Found::MemlockPinAllUnsized { limits, control: CONTROL_PINNED }),
     }
-    match (mem.cgroup_limit, report.guest_size) {
-        (None, _) => push("cgroup memory".into(), Verdict::Ok, "no cgroup memory limit".into(), None),
-        (Some(cg), Some(guest)) if cg < guest + CONTROL_PINNED => push(
-            "cgroup memory".into(),
-            Verdict::Fail,
-            format!("cgroup memory limit {} is below the guest's {}: pinned pages are charged to the cgroup and cannot be reclaimed", human(cg), human(guest)),
-            Some(format!("raise the cgroup's memory.max (systemd: `MemoryMax=`) above {} plus the hypervisor's own memory", human(guest))),
-        ),
-        (Some(cg), Some(guest)) => push(
-            "cgroup memory".into(),
-            Verdict::Ok,
-            format!("cgroup memory limit {} holds the guest's {} pinned", human(cg), human(guest)),
-            None,
-        ),
-        (Some(cg), None) => push(
-            "cgroup memory".into(),
-            Verdict::Ok,
-            format!("cgroup memory limit {}: pinned guest memory counts against it; give --guest-size to check", human(cg)),
-            None,
-        ),
+    match (limits.cgroup_limit, report.guest_size) {
+        (None, _) => push(Verdict::Ok, Found::NoCgroupLimit),
+        (Some(limit), Some(guest)) if limit < guest + CONTROL_PINNED => {
+            push(Verdict::Fail, Found::CgroupLimit { limit, guest: Some(guest) })
+        }
+        (Some(limit), guest) => push(Verdict::Ok, Found::CgroupLimit { limit, guest }),
     }
 
     // Fork safety.
-    let env = report.fork_safe_env.as_deref().map_or_else(String::new, |e| format!(" ({e})"));
-    match report.fork_mode {
-        ForkMode::Unneeded => push(
-            "fork safety".into(),
-            Verdict::Ok,
-            "the kernel copies pinned pages into a forked child (Linux >= 5.13): fork() is safe, no MADV_DONTFORK needed".into(),
-            None,
-        ),
-        ForkMode::Enabled => push(
-            "fork safety".into(),
-            Verdict::Ok,
-            format!("rdma-core's fork support is on{env} (ibv_fork_init: registrations marked MADV_DONTFORK; registration costs a little more)"),
-            None,
-        ),
-        ForkMode::Disabled => push(
-            "fork safety".into(),
-            Verdict::Warn,
-            format!("neither the kernel nor rdma-core protects registered memory across fork(){env}"),
-            Some("use Linux >= 5.13, or set RDMAV_FORK_SAFE=1; a hypervisor that forks should exec at once or use posix_spawn".into()),
-        ),
-    }
+    let verdict = if report.fork_mode == ForkMode::Disabled { Verdict::Warn } else { Verdict::Ok };
+    push(verdict, Found::ForkSafety { mode: report.fork_mode, env: report.fork_safe_env.clone() });
     out
 }
 
@@ -581,55 +477,107 @@ mod tests {
         }
     }
 
-    fn verdict_of(report: &Report, item: &str) -> Verdict {
-        findings(report).into_iter().find(|f| f.item == item).unwrap_or_else(|| panic!("no {item}")).verdict
+    /// The verdict of the one finding `check` picks.
+    fn verdict_of(report: &Report, check: fn(&Found) -> bool) -> Verdict {
+        let mut picked = findings(report).into_iter().filter(|f| check(&f.found));
+        let finding = picked.next().expect("a finding");
+        assert!(picked.next().is_none(), "one finding");
+        finding.verdict
     }
+
+    const DYNAMIC: fn(&Found) -> bool = |f| matches!(f, Found::MemlockDynamic { .. });
+    const PIN_ALL: fn(&Found) -> bool = |f| matches!(f, Found::MemlockPinAll { .. });
+    const CGROUP: fn(&Found) -> bool = |f| matches!(f, Found::CgroupLimit { .. });
 
     #[test]
     fn memlock_against_the_guest() {
         let g = 1 << 30;
         // Debian's default 8 MiB: dynamic works (small batches), pin-all of 1 GiB does not.
         let r = host(Some(8 << 20), false, None, Some(g));
-        assert_eq!(verdict_of(&r, "memlock (dynamic)"), Verdict::Warn);
-        assert_eq!(verdict_of(&r, "memlock (pin-all)"), Verdict::Warn);
-        let fix = findings(&r).into_iter().find(|f| f.item == "memlock (pin-all)").unwrap().fix.unwrap();
-        let k = kib(g + CONTROL_PINNED);
-        assert!(fix.contains(&format!("ulimit -l {k}`")) && fix.contains(&format!("LimitMEMLOCK={k}K")), "{fix}");
+        assert_eq!(verdict_of(&r, DYNAMIC), Verdict::Warn);
+        assert_eq!(verdict_of(&r, PIN_ALL), Verdict::Warn);
+        // What the fix must raise the limit to: the guest and the control channel.
+        let pin_all = findings(&r).into_iter().find(|f| PIN_ALL(&f.found)).unwrap().found;
+        assert_eq!(pin_all, Found::MemlockPinAll { limits: r.memory, guest: g, need: g + CONTROL_PINNED });
         // 64 KiB (old distributions): dynamic cannot work.
-        assert_eq!(verdict_of(&host(Some(64 << 10), false, None, Some(g)), "memlock (dynamic)"), Verdict::Fail);
+        assert_eq!(verdict_of(&host(Some(64 << 10), false, None, Some(g)), DYNAMIC), Verdict::Fail);
         // CAP_IPC_LOCK, or unlimited: everything fits.
         for r in [host(Some(64 << 10), true, None, Some(g)), host(None, false, None, Some(g))] {
-            assert_eq!(verdict_of(&r, "memlock (dynamic)"), Verdict::Ok);
-            assert_eq!(verdict_of(&r, "memlock (pin-all)"), Verdict::Ok);
+            assert_eq!(verdict_of(&r, DYNAMIC), Verdict::Ok);
+            assert_eq!(verdict_of(&r, PIN_ALL), Verdict::Ok);
         }
         // Exactly enough is enough.
         let r = host(Some(g + CONTROL_PINNED), false, None, Some(g));
-        assert_eq!(verdict_of(&r, "memlock (pin-all)"), Verdict::Ok);
+        assert_eq!(verdict_of(&r, PIN_ALL), Verdict::Ok);
         let r = host(Some(g + CONTROL_PINNED - 1), false, None, Some(g));
-        assert_eq!(verdict_of(&r, "memlock (pin-all)"), Verdict::Warn);
+        assert_eq!(verdict_of(&r, PIN_ALL), Verdict::Warn);
+        // No guest size: pin-all says what it would need on top of the guest.
+        let r = host(Some(8 << 20), false, None, None);
+        assert!(findings(&r)
+            .iter()
+            .any(|f| f.found == Found::MemlockPinAllUnsized { limits: r.memory, control: CONTROL_PINNED }));
     }
 
     #[test]
     fn cgroup_and_devices() {
         let r = host(None, false, Some(512 << 20), Some(1 << 30));
-        assert_eq!(verdict_of(&r, "cgroup memory"), Verdict::Fail);
-        assert_eq!(verdict_of(&host(None, false, Some(4 << 30), Some(1 << 30)), "cgroup memory"), Verdict::Ok);
+        assert_eq!(verdict_of(&r, CGROUP), Verdict::Fail);
+        assert_eq!(verdict_of(&host(None, false, Some(4 << 30), Some(1 << 30)), CGROUP), Verdict::Ok);
         // No device: a failure that says so.
-        let f = findings(&r).into_iter().find(|f| f.item == "devices").unwrap();
-        assert_eq!(f.verdict, Verdict::Fail);
-        assert!(f.detail.contains("no RDMA device"), "{}", f.detail);
+        assert_eq!(verdict_of(&r, |f| *f == Found::NoDevice), Verdict::Fail);
         let mut r = host(None, false, None, None);
         r.findings = findings(&r);
         assert_eq!(r.verdict(), Verdict::Fail);
     }
 
+    /// A RoCE port of rxe0, up, with an IPv4 GID, at its max MTU.
+    fn roce_port(port: u8) -> PortReport {
+        let mut raw = [0; 16];
+        raw[10..].copy_from_slice(&[0xff, 0xff, 198, 18, 0, 1]);
+        PortReport {
+            port,
+            state: PortState::Active,
+            link_layer: LinkLayer::Ethernet,
+            active_mtu: 4096,
+            max_mtu: 4096,
+            gids: vec![GidEntry { index: 1, gid: Gid { raw, gid_type: GidType::RoceV2 } }],
+            error: None,
+        }
+    }
+
     #[test]
-    fn sizes() {
-        assert_eq!(kib(1), 1);
-        assert_eq!(kib(1024), 1);
-        assert_eq!(kib(1025), 2);
-        assert_eq!(human(1 << 30), "1 GiB");
-        assert_eq!(human(1536 << 20), "1.5 GiB");
-        assert_eq!(human(100), "100 bytes");
+    fn ports_and_what_keeps_them_from_use() {
+        let down = PortReport { state: PortState::Down, ..roce_port(1) };
+        let no_address = PortReport { gids: Vec::new(), ..roce_port(2) };
+        let small_mtu = PortReport { active_mtu: 1024, ..roce_port(3) };
+        let mut r = host(None, false, None, None);
+        r.devices = vec![DeviceReport {
+            name: "rxe0".into(),
+            fw_ver: String::new(),
+            node_guid: 0,
+            ports: vec![down, no_address, small_mtu, roce_port(4)],
+            cm: CmCheck { address: None, result: Err("no address".into()) },
+            error: None,
+        }];
+        let issues: Vec<_> = findings(&r)
+            .into_iter()
+            .filter_map(|f| match f.found {
+                Found::Port { port, issue, .. } => Some((port.port, issue, f.verdict)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            issues,
+            [
+                (1, Some(PortIssue::Down), Verdict::Warn),
+                (2, Some(PortIssue::NoAddress), Verdict::Warn),
+                (3, Some(PortIssue::SmallMtu), Verdict::Warn),
+                (4, None, Verdict::Ok)
+            ]
+        );
+        assert!(!findings(&r).iter().any(|f| f.found == Found::NoUsablePort), "a port below its MTU is usable");
+        // Down or without an address: no port to migrate over.
+        r.devices[0].ports.truncate(2);
+        assert_eq!(verdict_of(&r, |f| *f == Found::NoUsablePort), Verdict::Fail);
     }
 }

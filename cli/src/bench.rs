@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rdmamig::doctor::human;
 use rdmamig::{
     AuthKey, Config, Destination, Ending, Listener, LogLevel, PostcopyPhase, PostcopyProgress, Read, Source, StalePages,
 };
@@ -24,7 +23,7 @@ use zeroize::Zeroizing;
 
 use crate::guest_ram::{splitmix64, Ram, PAGE};
 use crate::vcpus::Vcpus;
-use crate::BenchArgs;
+use crate::{human, BenchArgs};
 
 /// The port when ADDR has none.
 pub const DEFAULT_PORT: u16 = 4444;

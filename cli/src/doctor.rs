@@ -1,10 +1,15 @@
 //! `rdmamig doctor`: the library's `doctor::diagnose` report, as text or JSON.
 
+mod findings;
+
 use std::process::ExitCode;
 
-use rdmamig::doctor::{self, human, kib, Report, Verdict};
+use findings::words;
+use rdmamig::doctor::{self, Report, Verdict};
 use rdmamig::doctor::{ForkMode, GidType};
 use serde_json::{json, Value};
+
+use crate::{human, kib};
 
 pub fn run(guest_size: Option<u64>, as_json: bool) -> ExitCode {
     let report = doctor::diagnose(guest_size);
@@ -94,7 +99,10 @@ fn to_json(r: &Report) -> Value {
     let findings: Vec<Value> = r
         .findings
         .iter()
-        .map(|f| json!({"item": f.item, "verdict": f.verdict.name(), "detail": f.detail, "fix": f.fix}))
+        .map(|f| {
+            let w = words(f);
+            json!({"item": w.item, "verdict": f.verdict.name(), "detail": w.detail, "fix": w.fix})
+        })
         .collect();
     json!({
         "version": rdmamig::VERSION,
@@ -224,8 +232,9 @@ fn text(r: &Report) -> String {
     );
     let _ = writeln!(s, "\nVerdicts");
     for f in &r.findings {
-        let _ = writeln!(s, "  [{:>4}] {}: {}", f.verdict.name(), f.item, f.detail);
-        if let Some(fix) = &f.fix {
+        let w = words(f);
+        let _ = writeln!(s, "  [{:>4}] {}: {}", f.verdict.name(), w.item, w.detail);
+        if let Some(fix) = &w.fix {
             let _ = writeln!(s, "         fix: {fix}");
         }
     }

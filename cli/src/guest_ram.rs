@@ -2,9 +2,10 @@
 //! dirtier writes and the destination's vCPUs read, in pages of [`PAGE`]
 //! bytes filled from [`splitmix64`].
 
-use rdmamig::doctor::human;
 use rdmamig::RamBlocks;
 use sha2::{Digest, Sha256};
+
+use crate::human;
 
 /// The guest's page size (the dirtier's and the dirty bitmap's unit).
 pub(crate) const PAGE: u64 = 4096;

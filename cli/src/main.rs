@@ -209,6 +209,29 @@ fn parse_size(s: &str) -> Result<u64, String> {
     num.checked_mul(1 << shift).filter(|&n| n > 0).ok_or_else(|| format!("{s:?}: size must be > 0 and fit 64 bits"))
 }
 
+/// Bytes for people: "1.5 GiB", "64 MiB".
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else if value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Bytes as `ulimit -l` takes them: KiB, rounded up.
+fn kib(bytes: u64) -> u64 {
+    bytes.div_ceil(1024)
+}
+
 /// Writes the man pages of `cmd` and of each visible subcommand into `dir`.
 fn generate_man(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -266,5 +289,11 @@ mod tests {
         assert!(parse_size("1X").is_err());
         assert!(parse_size("G").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert_eq!(human(1 << 30), "1 GiB");
+        assert_eq!(human(1536 << 20), "1.5 GiB");
+        assert_eq!(human(100), "100 bytes");
+        assert_eq!(kib(1), 1);
+        assert_eq!(kib(1024), 1);
+        assert_eq!(kib(1025), 2);
     }
 }
