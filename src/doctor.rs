@@ -1,7 +1,8 @@
 //! What `rdmamig doctor` reports: this host's RDMA devices and ports, whether
 //! rdma_cm can use them, the pinning limits against a guest's size, and the
-//! fork-safety mode, each with a verdict and what to change. Facts come from
-//! `verbs` (device queries, rdma_cm) and `pin` (RLIMIT_MEMLOCK,
+//! fork-safety mode, each finding with a verdict and the facts behind it (the
+//! CLI puts them into words and says what to change). Facts come from
+//! `verbs` (device queries, rdma_cm) and `host::limits` (RLIMIT_MEMLOCK,
 //! CAP_IPC_LOCK, cgroup); the thresholds are the engine's own needs.
 
 use std::net::{IpAddr, SocketAddr};
@@ -575,8 +576,9 @@ mod tests {
                 (4, None, Verdict::Ok)
             ]
         );
+        // A port below its max MTU is usable; one down or without an address is not.
+        r.devices[0].ports.truncate(3);
         assert!(!findings(&r).iter().any(|f| f.found == Found::NoUsablePort), "a port below its MTU is usable");
-        // Down or without an address: no port to migrate over.
         r.devices[0].ports.truncate(2);
         assert_eq!(verdict_of(&r, |f| *f == Found::NoUsablePort), Verdict::Fail);
     }

@@ -7,7 +7,7 @@
 //! - `host`: this host's kernel and memory (pagemap, zero scans, userfaultfd,
 //!   eventfds, memlock limits);
 //! - [`engine`]: source/destination state machines, control channel, RAM chunks;
-//! - [`doctor`]: whether this host can migrate over RDMA, and what to fix;
+//! - [`doctor`]: whether this host can migrate over RDMA: its findings, each with a verdict;
 //! - the C ABI is its own crate (capi/, `librdmamig.so.0`), over this one;
 //! - [`fabric`]: the InfiniBand vSwitch reconfiguration planner (pure, beside `wire`):
 //!   which LFT SMPs move a migrating VM's LID, and what they cost.
