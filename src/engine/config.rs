@@ -97,6 +97,15 @@ pub struct Config {
     /// counts from the moment it noticed the loss. Negotiated: recovery
     /// needs it on both sides.
     pub postcopy_recovery: Option<Duration>,
+    /// Destination: post-copy goes through the hypervisor's userfaultfd
+    /// instead of one of the library's own. The hypervisor registers guest
+    /// RAM with it (missing mode) and reads its faults itself, and hands it
+    /// over with [`Destination::postcopy_userfaultfd`](crate::Destination::postcopy_userfaultfd)
+    /// before post-copy runs (the library waits for it up to `timeout` once
+    /// the source's request came); the library drops the stale pages,
+    /// installs pages through it and never reads it. Each fault the
+    /// hypervisor reads, it forwards with `Destination::postcopy_fetch`.
+    pub hypervisor_userfaultfd: bool,
 }
 
 impl Default for Config {
@@ -116,6 +125,7 @@ impl Default for Config {
             return_path: false,
             max_bandwidth: None,
             postcopy_recovery: None,
+            hypervisor_userfaultfd: false,
         }
     }
 }

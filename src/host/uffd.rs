@@ -1,8 +1,13 @@
 //! A minimal userfaultfd (Linux `<linux/userfaultfd.h>`): MISSING-mode
 //! registration, fault messages, UFFDIO_COPY / ZEROPAGE / WAKE. The libc
 //! crate has the system call number but not the structures or ioctls.
+//!
+//! A userfaultfd is the library's own (`new`) or the hypervisor's
+//! (`supplied`): then the hypervisor registered guest RAM with it, reads its
+//! faults, and may be another process, so addresses are in that process's
+//! address space (the kernel copies from this process to that one).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::GuestRange;
 use crate::{Error, ErrorKind, Result};
@@ -96,6 +101,43 @@ impl Userfault {
             return Err(os_error("UFFDIO_API"));
         }
         Ok(Userfault { fd })
+    }
+
+    /// The hypervisor's userfaultfd `fd` (its API handshake done), as a
+    /// descriptor of this side's own: the hypervisor keeps `fd`.
+    pub fn supplied(fd: BorrowedFd<'_>) -> Result<Userfault> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("not an open descriptor: {e}")))?;
+        if link.as_os_str() != "anon_inode:[userfaultfd]" {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("descriptor {} is no userfaultfd ({})", fd.as_raw_fd(), link.display()),
+            ));
+        }
+        let fd = fd.try_clone_to_owned().map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("dup: {e}")))?;
+        Ok(Userfault { fd })
+    }
+
+    /// Fails unless `[dst, dst + page)` is registered with a userfaultfd
+    /// (the kernel refuses to fill an unregistered range with ENOENT). A
+    /// missing page there becomes a zero page: call it only where that is
+    /// right (guest RAM about to be dropped, or never sent).
+    pub fn check_registered(&self, dst: u64, page: u64) -> Result<()> {
+        let mut arg = ZeroArg { range: Range { start: dst, len: page }, mode: 0, zeropage: 0 };
+        // SAFETY: a valid uffdio_zeropage for this ioctl.
+        if unsafe { libc::ioctl(self.fd(), UFFDIO_ZEROPAGE as _, &mut arg) } == 0
+            || arg.zeropage == -(libc::EEXIST as i64)
+        {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "guest RAM at {dst:#x} is not registered with the hypervisor's userfaultfd in missing mode \
+                 (UFFDIO_ZEROPAGE: {e})"
+            ),
+        ))
     }
 
     pub fn fd(&self) -> RawFd {

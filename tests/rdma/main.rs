@@ -17,6 +17,7 @@ mod event;
 mod hints;
 mod hostile;
 mod hostile_source;
+mod hypervisor_uffd;
 mod killpoints;
 mod liveness;
 mod load;

@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::dispatch::Observer;
 use super::service::Service;
-use super::shared::{Shared, State};
+use super::shared::{Shared, State, SuppliedUserfault};
 use crate::engine::link::{self, Link, Listener, Negotiated};
 use crate::engine::pin::{self, Pins, Unregistration};
 use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, PostcopyProgress, Progress};
@@ -20,8 +20,9 @@ use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::Ending;
 use crate::host::readiness::Readiness;
+use crate::host::uffd::Userfault;
 use crate::logging;
-use crate::wire::{CommandType, SEND_INCREMENT};
+use crate::wire::{CommandType, POSTCOPY_PAGE_SIZE, SEND_INCREMENT};
 use crate::{Error, ErrorKind, Result};
 
 /// What `Destination::get` read: stream bytes, or the end of a stream that
@@ -57,6 +58,8 @@ pub struct Destination {
     /// does not wait for the deregistrations it queued.
     unregistration: Option<Arc<Unregistration>>,
     ram: RamBlocks,
+    /// `Config::hypervisor_userfaultfd`.
+    hypervisor_userfaultfd: bool,
 }
 
 impl Destination {
@@ -139,6 +142,7 @@ impl Destination {
             has_return_path,
             unregistration,
             ram: ram.clone(),
+            hypervisor_userfaultfd: listener.config().hypervisor_userfaultfd,
         })
     }
 
@@ -188,6 +192,56 @@ impl Destination {
         }
     }
 
+    /// Hands over the hypervisor's userfaultfd for post-copy (with
+    /// `Config::hypervisor_userfaultfd`): the library keeps a duplicate of
+    /// `uffd` until post-copy ends, installs pages through it and never
+    /// reads it. Call it before post-copy runs, with guest RAM registered
+    /// with `uffd` in missing mode (its API handshake done); the library
+    /// checks that each block is, then drops the stale pages. `at`: where
+    /// each block of the registry (by index) lies in the address space of
+    /// the process that registered `uffd`, when that is not this one (a
+    /// separate migration process that received the descriptor); `None`:
+    /// at its host address here. From `PostcopyPhase::Running` on, forward
+    /// every fault read from `uffd` with [`postcopy_fetch`](Self::postcopy_fetch),
+    /// which then places every page of its range, stale or not, and wakes
+    /// the threads waiting on them. Fails with `State` without the setting,
+    /// once post-copy runs or a userfaultfd was handed over;
+    /// `InvalidArgument` for a descriptor that is no userfaultfd, or an
+    /// `at` of another length than the registry or with an address not
+    /// 4 KiB-aligned. Any thread.
+    pub fn postcopy_userfaultfd(&self, uffd: BorrowedFd<'_>, at: Option<&[u64]>) -> Result<()> {
+        if !self.hypervisor_userfaultfd {
+            return Err(Error::new(
+                ErrorKind::State,
+                "the listener's configuration has post-copy use the library's own userfaultfd \
+                 (Config::hypervisor_userfaultfd is off)",
+            ));
+        }
+        if let Some(at) = at {
+            if at.len() != self.ram.len() {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{} block addresses for {} RAM blocks", at.len(), self.ram.len()),
+                ));
+            }
+            if let Some(a) = at.iter().find(|&&a| a % POSTCOPY_PAGE_SIZE != 0) {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("block address {a:#x} is not 4 KiB-aligned"),
+                ));
+            }
+        }
+        let uffd = Userfault::supplied(uffd)?;
+        let mut state = self.shared.state.lock();
+        if self.shared.postcopy.snapshot().phase != PostcopyPhase::Idle || state.userfaultfd_handed {
+            return Err(Error::new(ErrorKind::State, "post-copy runs already, or has a userfaultfd handed over"));
+        }
+        state.userfaultfd = Some(SuppliedUserfault { uffd, at: at.map(<[u64]>::to_vec) });
+        state.userfaultfd_handed = true;
+        self.shared.update(&state);
+        Ok(())
+    }
+
     /// Reads the stale pages among the `len` bytes at `offset` of block
     /// `block` from the source now, as faults on them would, and returns
     /// once none of them is missing any more (at once when none is stale, or
@@ -196,7 +250,11 @@ impl Destination {
     /// guest memory (a vhost-user backend) whose userfaultfd the hypervisor
     /// reads; once this returns, it wakes the backend's thread there
     /// (`UFFDIO_WAKE`). Pages that are not stale are left as they are (a
-    /// missing one is zero: the hypervisor places it, `UFFDIO_ZEROPAGE`).
+    /// missing one is zero: the hypervisor places it, `UFFDIO_ZEROPAGE`),
+    /// unless post-copy runs on the hypervisor's userfaultfd
+    /// ([`postcopy_userfaultfd`](Self::postcopy_userfaultfd)): then the
+    /// faults the hypervisor reads come here, and every page of the range is
+    /// placed and its waiters woken.
     /// `Duration::ZERO` only asks: `WouldBlock` unless no page is missing
     /// (post-copy is done), and the pages come all the same. Fails with
     /// `State` before post-copy runs, with the connection's error if it
@@ -210,7 +268,7 @@ impl Destination {
             PostcopyPhase::Running => {}
         }
         let (done, answer) = mpsc::sync_channel(1);
-        self.shared.fetches.push(Fetch { addr: b.host as u64 + offset, len, done });
+        self.shared.fetches.push(Fetch { block: block as usize, offset, len, done });
         if timeout == Some(Duration::ZERO) {
             return Err(Error::new(ErrorKind::WouldBlock, "the pages are on their way"));
         }

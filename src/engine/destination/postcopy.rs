@@ -112,6 +112,9 @@ struct Pull {
 struct Puller<'a> {
     blocks: Vec<PlanBlock>,
     uffd: &'a Userfault,
+    /// The userfaultfd is the hypervisor's: it reads the faults and forwards
+    /// them as fetches, which then also place the pages that are not stale.
+    hypervisors: bool,
     /// Outlives the installer thread, which reads it (declared before the thread scope).
     staging: &'a Staging<'a>,
     progress: &'a Progress,
@@ -168,12 +171,15 @@ fn discard(guest: GuestRange) -> Result<()> {
 /// releases the threads blocked on missing pages: see the `Drop` impl.
 pub(crate) struct Blocked {
     uffd: Option<Userfault>,
-    spans: Vec<GuestRange>,
+    /// Each block here, and where it lies for the userfaultfd.
+    spans: Vec<(GuestRange, u64)>,
 }
 
 impl Blocked {
-    /// Every stale page is in place: closing the userfaultfd unregisters the
-    /// blocks, and a page missing now is one nobody wrote (zero-filled).
+    /// Every stale page is in place: closing the library's userfaultfd
+    /// unregisters the blocks, and a page missing now is one nobody wrote
+    /// (zero-filled). The hypervisor's stays registered through its own
+    /// descriptor, for it to close.
     fn completed(mut self) {
         drop(self.uffd.take());
     }
@@ -189,10 +195,12 @@ impl Drop for Blocked {
     /// thread that passed the access check before it has queued itself on
     /// the userfaultfd by then, and the wake reaches it. The userfaultfd
     /// stays open (leaked): were a block made accessible again, a missing
-    /// page would block rather than read as zero.
+    /// page would block rather than read as zero. Only this process's
+    /// mappings are protected: a hypervisor whose userfaultfd is another
+    /// process's stops its vCPUs itself (its fetches fail).
     fn drop(&mut self) {
         let Some(uffd) = self.uffd.take() else { return };
-        for span in &self.spans {
+        for (span, uffd_addr) in &self.spans {
             // Only the block's protection changes (the library never touches it again).
             if let Err(e) = span.protect_none() {
                 // Woken, its threads would only fault and block again.
@@ -202,7 +210,7 @@ impl Drop for Blocked {
                 ));
                 continue;
             }
-            if let Err(e) = uffd.wake(span.addr(), span.len()) {
+            if let Err(e) = uffd.wake(*uffd_addr, span.len()) {
                 logging::error(format_args!("destination: post-copy failure: waking blocked threads: {e}"));
             }
         }
@@ -215,8 +223,9 @@ impl Drop for Blocked {
     }
 }
 
-/// Runs post-copy to the end: discards the stale pages, registers the
-/// userfaultfd, waits until the registrations released to the
+/// Runs post-copy to the end: registers a userfaultfd of the library's own
+/// (or, given the hypervisor's, `supplied`, checks that it covers the
+/// blocks), discards the stale pages, waits until the registrations released to the
 /// unregistration worker (the source's, at POSTCOPY) are deregistered, calls
 /// `running` (the vCPUs may run from then on), serves
 /// faults and pulls every stale page. The userfaultfd is kept in `blocked`
@@ -232,17 +241,28 @@ pub(crate) fn run(
     running: &dyn Fn(),
     blocked: &mut Option<Blocked>,
     recovery: Option<Recovery>,
+    supplied: Option<Userfault>,
 ) -> Result<PostcopySummary> {
     let host_page = page_size();
     if host_page != PAGE {
         return Err(Error::new(ErrorKind::InvalidArgument, format!("post-copy needs 4 KiB pages, not {host_page}")));
     }
     read_tables(link, pins, &mut blocks)?;
-    let spans = blocks.iter().map(|b| b.guest).collect();
-    let uffd = blocked.insert(Blocked { uffd: Some(Userfault::new()?), spans }).uffd.as_ref().expect("just opened");
+    let spans = blocks.iter().map(|b| (b.guest, b.uffd_addr)).collect();
+    let hypervisors = supplied.is_some();
+    let uffd = match supplied {
+        Some(uffd) => uffd,
+        None => Userfault::new()?,
+    };
+    let uffd = blocked.insert(Blocked { uffd: Some(uffd), spans }).uffd.as_ref().expect("just set");
     let total: u64 = blocks.iter().map(|b| b.source.stale_pages).sum();
     for b in &blocks {
-        uffd.register(&b.guest)?;
+        if hypervisors {
+            // Before the drop: an unregistered block would read zeros.
+            uffd.check_registered(b.uffd_addr, PAGE)?;
+        } else {
+            uffd.register(&b.guest)?;
+        }
         let pages = b.length / PAGE;
         let mut i = 0;
         while let Some(first) = next_set(&b.stale, i, pages) {
@@ -271,7 +291,12 @@ pub(crate) fn run(
     running();
     let announced = blocks.iter().map(|b| b.stale.clone()).collect();
     let installer_wake = EventFd::new()?;
-    let events = wake::epoll_of(&[uffd.fd(), installer_wake.fd(), fetches.fd()])?;
+    // The hypervisor reads its userfaultfd itself: its faults come as fetches.
+    let events = if hypervisors {
+        wake::epoll_of(&[installer_wake.fd(), fetches.fd()])?
+    } else {
+        wake::epoll_of(&[uffd.fd(), installer_wake.fd(), fetches.fd()])?
+    };
     let (jobs, job_queue) = mpsc::channel();
     let (results, installed) = mpsc::channel();
     std::thread::scope(|s| {
@@ -284,6 +309,7 @@ pub(crate) fn run(
         let mut p = Puller {
             blocks,
             uffd,
+            hypervisors,
             staging: &staging,
             progress,
             remaining: total,
@@ -401,7 +427,7 @@ impl Puller<'_> {
             #[cfg(feature = "rdma-tests")]
             self.sever_for_test(link)?;
             self.take_faults()?;
-            self.take_fetches();
+            self.take_fetches()?;
             self.post_faults(link)?;
             // Completions before new pulls: a fault's completion installs its
             // page (and wakes its vCPU) without waiting behind a pull's post.
@@ -442,7 +468,7 @@ impl Puller<'_> {
         let until = served + 2 * self.refault;
         while Instant::now() < until {
             link.check_stop("post-copy")?;
-            if self.take_faults()? > 0 || link.reap()? > 0 {
+            if self.take_faults()? > 0 || self.fetches.any() || link.reap()? > 0 {
                 return Ok(true);
             }
             // The CPU goes to a runnable vCPU thread, if one waits for it.
@@ -474,6 +500,9 @@ impl Puller<'_> {
 
     /// Reads the fault messages waiting and sorts each fault out; returns how many there were.
     fn take_faults(&mut self) -> Result<usize> {
+        if self.hypervisors {
+            return Ok(0);
+        }
         self.addrs.clear();
         self.uffd.read_faults(&mut self.addrs)?;
         for i in 0..self.addrs.len() {
@@ -482,7 +511,7 @@ impl Puller<'_> {
             }
             let addr = self.addrs[i] & !(PAGE - 1);
             let Some(block) = self.block_of(addr) else { continue };
-            let page = (addr - self.blocks[block].host as u64) / PAGE;
+            let page = (addr - self.blocks[block].uffd_addr) / PAGE;
             if bitmap::test(&self.blocks[block].stale, page) {
                 self.fault(block, page);
             } else if bitmap::test(&self.announced[block], page) {
@@ -496,9 +525,9 @@ impl Puller<'_> {
         Ok(self.addrs.len())
     }
 
-    /// The post-copy block holding host address `addr`, if one does.
+    /// The post-copy block holding address `addr` (the userfaultfd's), if one does.
     fn block_of(&self, addr: u64) -> Option<usize> {
-        self.blocks.iter().position(|b| (b.host as u64..b.host as u64 + b.length).contains(&addr))
+        self.blocks.iter().position(|b| (b.uffd_addr..b.uffd_addr + b.length).contains(&addr))
     }
 
     /// Stale page `page` is wanted now: its read jumps the queue (unless a
@@ -512,10 +541,18 @@ impl Puller<'_> {
         }
     }
 
-    /// The hypervisor's new requests: their stale pages are read as faults are.
-    fn take_fetches(&mut self) {
+    /// The hypervisor's new requests: their stale pages are read as faults
+    /// are. Through its own userfaultfd they are its vCPUs' faults: a page
+    /// that is not stale is placed too (a zero page if it is missing, else
+    /// its waiters are woken), as `take_faults` does.
+    fn take_fetches(&mut self) -> Result<()> {
         let first = self.pending.len();
         self.fetches.take(&mut self.pending);
+        if self.hypervisors && self.pending.len() > first {
+            if let Some(served) = self.last_served.take() {
+                self.refault = served.elapsed();
+            }
+        }
         for i in first..self.pending.len() {
             let Some((block, from, end)) = self.fetch_pages(&self.pending[i]) else { continue };
             let mut page = from;
@@ -523,7 +560,16 @@ impl Puller<'_> {
                 self.fault(block, p);
                 page = p + 1;
             }
+            let mut page = from;
+            while self.hypervisors && page < end {
+                page = next_clear(&self.blocks[block].stale, page, end);
+                if page < end {
+                    self.uffd.zero(self.blocks[block].uffd_addr + page * PAGE, PAGE)?;
+                    page += 1;
+                }
+            }
         }
+        Ok(())
     }
 
     /// Answers the requests none of whose pages is stale any more.
@@ -546,10 +592,9 @@ impl Puller<'_> {
 
     /// A request's pages in a post-copy block: (block, first, end).
     fn fetch_pages(&self, f: &Fetch) -> Option<(usize, u64, u64)> {
-        let block = self.block_of(f.addr)?;
+        let block = self.blocks.iter().position(|b| b.index == f.block)?;
         let b = &self.blocks[block];
-        let start = f.addr - b.host as u64;
-        Some((block, start / PAGE, (start + f.len).div_ceil(PAGE).min(b.length / PAGE)))
+        Some((block, f.offset / PAGE, (f.offset + f.len).div_ceil(PAGE).min(b.length / PAGE)))
     }
 
     fn post_faults(&mut self, link: &mut Link) -> Result<()> {
@@ -695,7 +740,7 @@ impl Puller<'_> {
                 self.progress.faults_served.fetch_add(1, Ordering::Relaxed);
                 self.last_served = Some(Instant::now());
             } else {
-                self.uffd.wake(self.blocks[block].host as u64 + page * PAGE, PAGE)?;
+                self.uffd.wake(self.blocks[block].uffd_addr + page * PAGE, PAGE)?;
             }
             return Ok(());
         }
@@ -725,10 +770,10 @@ impl Puller<'_> {
             return Ok(());
         }
         // Else by the installer; the slot stays busy until it is done.
-        let host = self.blocks[block].host as u64;
+        let base_addr = self.blocks[block].uffd_addr;
         let runs = runs
             .into_iter()
-            .map(|(first, n)| (host + first * PAGE, self.staging.addr(base + (first - pulled) * PAGE), n * PAGE))
+            .map(|(first, n)| (base_addr + first * PAGE, self.staging.addr(base + (first - pulled) * PAGE), n * PAGE))
             .collect();
         self.installing[i] = true;
         self.installer
@@ -745,7 +790,7 @@ impl Puller<'_> {
     /// UFFDIO_COPY of `n` stale pages from staging offset `at`; pages found
     /// present are skipped. Either way they are no longer stale.
     fn install(&mut self, block: usize, first: u64, n: u64, at: u64) -> Result<()> {
-        let dst = self.blocks[block].host as u64 + first * PAGE;
+        let dst = self.blocks[block].uffd_addr + first * PAGE;
         // The slot holds the completed read; `dst` lies in a registered block.
         let got = self.uffd.copy(dst, self.staging.addr(at), n * PAGE, PAGE)?;
         if let Installed::Some { installed } = got {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
 use super::postcopy::plan::PlanBlock;
 use super::postcopy::{self, Blocked};
-use super::shared::Shared;
+use super::shared::{Shared, SuppliedUserfault};
 use crate::engine::link::{self, Link};
 use crate::engine::pin::{PinAll, Pins};
 use crate::engine::postcopy::{PostcopyPhase, Recovery};
@@ -222,7 +222,7 @@ impl Service {
     /// Post-copy on this thread (it owns the completion queue the READs
     /// complete on), then POSTCOPY_DONE; the waiters of `wait_postcopy` are
     /// woken when it runs and when it is done.
-    fn postcopy(&mut self, plan: Vec<PlanBlock>) -> Result<()> {
+    fn postcopy(&mut self, mut plan: Vec<PlanBlock>) -> Result<()> {
         let shared = self.shared.clone();
         let notify = move || {
             let state = shared.state.lock();
@@ -232,6 +232,10 @@ impl Service {
         // they are deregistered before the guest may run), and their budget
         // serves post-copy's buffers.
         self.dispatcher.release_all(&mut self.pins);
+        let supplied = match self.config.hypervisor_userfaultfd {
+            true => Some(self.hypervisors_userfaultfd(&mut plan)?),
+            false => None,
+        };
         let recovery = match (self.config.postcopy_recovery, self.recovery) {
             (Some(window), Some(source)) => Some(Recovery { config: &self.config, window, source }),
             _ => None,
@@ -245,6 +249,7 @@ impl Service {
             &notify,
             &mut self.postcopy_blocked,
             recovery,
+            supplied,
         )?;
         link::close_fault_qp(&mut self.link);
         self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;
@@ -255,6 +260,39 @@ impl Service {
             summary.pages, summary.faults, summary.bytes
         ));
         Ok(())
+    }
+
+    /// The userfaultfd the hypervisor hands over (`Destination::postcopy_userfaultfd`),
+    /// waited for up to the timeout, with where each block of `plan` lies for it.
+    fn hypervisors_userfaultfd(&mut self, plan: &mut [PlanBlock]) -> Result<crate::host::uffd::Userfault> {
+        let deadline = std::time::Instant::now() + self.config.timeout;
+        let mut state = self.shared.state.lock();
+        let SuppliedUserfault { uffd, at } = loop {
+            if let Some(supplied) = state.userfaultfd.take() {
+                break supplied;
+            }
+            if self.link.stop.load(Ordering::Relaxed) {
+                return Err(Error::new(ErrorKind::Aborted, "closed by the hypervisor"));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "post-copy: the hypervisor did not hand over its userfaultfd (postcopy_userfaultfd) within {:?} \
+                         of the source's request",
+                        self.config.timeout
+                    ),
+                ));
+            }
+            self.shared.changed.wait_for(&mut state, Duration::from_millis(100));
+        };
+        drop(state);
+        if let Some(at) = at {
+            for b in plan.iter_mut() {
+                b.uffd_addr = at[b.index];
+            }
+        }
+        Ok(uffd)
     }
 
     fn answer(&mut self, reply: &Reply) -> Result<()> {

@@ -11,6 +11,7 @@ use crate::engine::postcopy::{Fetches, Progress};
 use crate::engine::stats::Counters;
 use crate::engine::Ending;
 use crate::host::readiness::Readiness;
+use crate::host::uffd::Userfault;
 use crate::Result;
 
 /// What the service thread tells the handle.
@@ -23,6 +24,19 @@ pub(super) struct State {
     pub reported: u64,
     /// How the connection ended, once the service thread stopped.
     pub end: Option<Result<Ending>>,
+    /// The hypervisor's userfaultfd, handed over for post-copy and not yet taken.
+    pub userfaultfd: Option<SuppliedUserfault>,
+    /// One was handed over (taken or not): a second is refused.
+    pub userfaultfd_handed: bool,
+}
+
+/// The hypervisor's userfaultfd for post-copy (`Config::hypervisor_userfaultfd`),
+/// as `Destination::postcopy_userfaultfd` hands it over: the descriptor, and
+/// where each block of the registry lies in the address space of its process
+/// (`None`: this one).
+pub(super) struct SuppliedUserfault {
+    pub uffd: Userfault,
+    pub at: Option<Vec<u64>>,
 }
 
 impl State {

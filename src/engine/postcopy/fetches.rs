@@ -21,10 +21,12 @@ pub(crate) struct Fetches {
     wake: EventFd,
 }
 
-/// One request: `len` bytes at host address `addr`; `done` gets `()` once
-/// none of its pages is stale (dropped unanswered if post-copy fails).
+/// One request: `len` bytes at `offset` of RAM block `block` (its index in
+/// the registry); `done` gets `()` once none of its pages is stale (dropped
+/// unanswered if post-copy fails).
 pub(crate) struct Fetch {
-    pub addr: u64,
+    pub block: usize,
+    pub offset: u64,
     pub len: u64,
     pub done: SyncSender<()>,
 }
@@ -53,6 +55,11 @@ impl Fetches {
         self.queued.store(0, Ordering::SeqCst);
         self.wake.drain();
         into.append(&mut self.queue.lock());
+    }
+
+    /// Whether requests were pushed since the last `take`.
+    pub fn any(&self) -> bool {
+        self.queued.load(Ordering::Acquire) != 0
     }
 
     pub fn fd(&self) -> RawFd {

@@ -24,7 +24,13 @@ const TABLE_READ: u64 = 256 << 10;
 /// One block of a POSTCOPY message, checked against this side's registry.
 #[derive(Debug)]
 pub struct PlanBlock {
+    /// The block's index in this side's registry.
+    pub index: usize,
     pub host: usize,
+    /// Where the block lies in the address space of the userfaultfd's
+    /// process: `host`, unless the hypervisor's userfaultfd is another
+    /// process's (`Destination::postcopy_userfaultfd`).
+    pub uffd_addr: u64,
     pub length: u64,
     /// The block's memory here.
     pub(crate) guest: GuestRange,
@@ -103,7 +109,16 @@ pub(crate) fn plan(m: &Message, order: &[usize], ram: &RamBlocks) -> Result<Vec<
         if b.stale_pages > 0 {
             let (stale, regions) = (Vec::new(), Vec::new());
             let guest = block.range(0, block.length);
-            plan.push(PlanBlock { host: block.host, length: block.length, guest, source: b, stale, regions });
+            plan.push(PlanBlock {
+                index: local,
+                host: block.host,
+                uffd_addr: block.host as u64,
+                length: block.length,
+                guest,
+                source: b,
+                stale,
+                regions,
+            });
         }
     }
     Ok(plan)
