@@ -26,7 +26,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 13
+#define RDMAMIG_VERSION_MINOR 14
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -425,8 +425,8 @@ typedef struct rdmamig_config rdmamig_config;
  * `rdmamig_conn_negotiated_authenticated`,
  * `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_negotiated`,
  * `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_postcopy_progress`,
- * `rdmamig_conn_put_return`, `rdmamig_conn_save_bitmap`,
- * `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
+ * `rdmamig_conn_postcopy_userfaultfd`, `rdmamig_conn_put_return`,
+ * `rdmamig_conn_save_bitmap`, `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
  * `rdmamig_conn_set_max_bandwidth`, `rdmamig_conn_wait_end`,
  * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy`.
  * Every other function, and the callbacks of
@@ -1002,6 +1002,25 @@ rdmamig_status rdmamig_config_set_liveness_ms(struct rdmamig_config *config, uin
  */
 rdmamig_status rdmamig_config_set_postcopy_recovery_ms(struct rdmamig_config *config,
                                                        uint32_t recovery_ms);
+
+/**
+ * Destination: post-copy goes through the hypervisor's userfaultfd instead
+ * of one of the library's own. The hypervisor registers guest RAM with it
+ * (missing mode), reads its faults itself and hands it over with
+ * `rdmamig_conn_postcopy_userfaultfd` before post-copy runs: once the
+ * source's request came, the library waits for it up to the config's
+ * timeout (then post-copy fails with `RDMAMIG_ERR_TIMEOUT`). The library
+ * drops the stale pages, installs pages through it (`UFFDIO_COPY`,
+ * `UFFDIO_ZEROPAGE`, which wake the faulting threads) and never reads it;
+ * the hypervisor forwards each fault it reads with
+ * `rdmamig_conn_postcopy_fetch`. For a hypervisor that keeps its own fault
+ * thread (QEMU, whose userfaultfd also serves vhost-user backends), or a
+ * migration process apart from the VMM that received its guest memory and
+ * userfaultfd over a UNIX socket. Ignored on a source. Default off: the
+ * library registers a userfaultfd of its own and serves it.
+ */
+rdmamig_status rdmamig_config_set_postcopy_hypervisor_userfaultfd(struct rdmamig_config *config,
+                                                                  bool hypervisor);
 
 /**
  * Pin budget, in bytes: the most guest memory this side keeps registered
@@ -2027,11 +2046,13 @@ rdmamig_status rdmamig_conn_postcopy(struct rdmamig_conn *conn,
  *
  * `RDMAMIG_POSTCOPY_RUNNING`: the source's request arrived, the library
  * registered the guest RAM blocks with stale pages with a userfaultfd of
- * its own (missing mode) and dropped the stale pages; start the vCPUs
- * then, not before. From then on the library's thread of the connection
- * serves the vCPUs' faults (an RDMA READ of the page, installed with
- * `UFFDIO_COPY`, which wakes the faulting thread) and pulls the rest in the
- * background; a page a vCPU wrote is never overwritten.
+ * its own (missing mode; or checked the hypervisor's covers them, see
+ * `rdmamig_conn_postcopy_userfaultfd`) and dropped the stale pages; start
+ * the vCPUs then, not before. From then on the library's thread of the
+ * connection serves the vCPUs' faults (an RDMA READ of the page, installed
+ * with `UFFDIO_COPY`, which wakes the faulting thread; with the
+ * hypervisor's userfaultfd, the faults it forwards) and pulls the rest in
+ * the background; a page a vCPU wrote is never overwritten.
  * `RDMAMIG_POSTCOPY_DONE`: every stale page is in place.
  *
  * Blocks the calling thread (any thread) on the connection's state; the
@@ -2069,7 +2090,10 @@ rdmamig_status rdmamig_conn_wait_postcopy(const struct rdmamig_conn *conn,
  * shared guest memory (a vhost-user backend) and whose userfaultfd the
  * hypervisor reads; once this returns, wake the backend's thread there
  * (`UFFDIO_WAKE`). Pages that are not stale are left as they are (a
- * missing one is zero: place it yourself, `UFFDIO_ZEROPAGE`).
+ * missing one is zero: place it yourself, `UFFDIO_ZEROPAGE`). With the
+ * hypervisor's userfaultfd (`rdmamig_conn_postcopy_userfaultfd`), the
+ * faults read from it: then every page of the range is placed through it,
+ * stale or not, and the threads waiting on them are woken.
  *
  * `timeout_ms` as in `rdmamig_conn_wait_postcopy`; with `RDMAMIG_NO_WAIT`
  * the call only asks (a prefetch): `RDMAMIG_ERR_WOULD_BLOCK`, and the pages
@@ -2090,6 +2114,49 @@ rdmamig_status rdmamig_conn_postcopy_fetch(const struct rdmamig_conn *conn,
                                            uint64_t offset,
                                            uint64_t len,
                                            uint32_t timeout_ms);
+
+/**
+ * Destination, with `rdmamig_config_set_postcopy_hypervisor_userfaultfd`:
+ * hands over the hypervisor's userfaultfd `uffd` for post-copy. The library
+ * keeps a duplicate until post-copy ends (the hypervisor keeps `uffd` and
+ * closes it when it likes), installs pages through it and never reads it.
+ * Call it before post-copy runs (the library waits for it once the
+ * source's request came), with every guest RAM block registered with
+ * `uffd` in missing mode (`UFFDIO_REGISTER_MODE_MISSING`, its `UFFDIO_API`
+ * handshake done): before it drops a stale page the library checks that
+ * each block is, and post-copy fails (`RDMAMIG_ERR_INVALID_ARGUMENT`)
+ * otherwise.
+ *
+ * `addrs` (`n_addrs` entries, one per block of the `rdmamig_ram` this side
+ * accepted with, by index): where each block lies in the address space of
+ * the process that registered `uffd`, when that is not this one (a
+ * migration process that received the VMM's guest memory and userfaultfd
+ * over a UNIX socket: the faults it reads are at the VMM's addresses, and
+ * the library installs there); NULL and 0: at the blocks' host addresses
+ * here.
+ *
+ * From `RDMAMIG_POSTCOPY_RUNNING` on, forward every fault read from `uffd`
+ * with `rdmamig_conn_postcopy_fetch` (the block and offset of its address);
+ * it then places every page of its range, stale or not (a missing page
+ * that is not stale becomes a zero page), and wakes the threads waiting on
+ * them. When post-copy fails, the library makes the blocks `PROT_NONE` in
+ * this process and wakes the threads waiting on them; a VMM in another
+ * process stops its vCPUs itself (the fetches fail with the connection's
+ * error).
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER` (`addrs` NULL with
+ * `n_addrs > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT` (`uffd` no userfaultfd,
+ * `n_addrs` not 0 nor the number of blocks, an address not 4 KiB-aligned);
+ * `RDMAMIG_ERR_STATE` (a source, a destination without the setting, after
+ * post-copy started or a second time).
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`,
+ * from any thread.
+ */
+rdmamig_status rdmamig_conn_postcopy_userfaultfd(const struct rdmamig_conn *conn,
+                                                 int uffd,
+                                                 const uint64_t *addrs,
+                                                 size_t n_addrs);
 
 /**
  * Destination: fills `*out` with post-copy's progress now (see

@@ -193,6 +193,33 @@ pub extern "C" fn rdmamig_config_set_postcopy_recovery_ms(
     }
 }
 
+/// Destination: post-copy goes through the hypervisor's userfaultfd instead
+/// of one of the library's own. The hypervisor registers guest RAM with it
+/// (missing mode), reads its faults itself and hands it over with
+/// `rdmamig_conn_postcopy_userfaultfd` before post-copy runs: once the
+/// source's request came, the library waits for it up to the config's
+/// timeout (then post-copy fails with `RDMAMIG_ERR_TIMEOUT`). The library
+/// drops the stale pages, installs pages through it (`UFFDIO_COPY`,
+/// `UFFDIO_ZEROPAGE`, which wake the faulting threads) and never reads it;
+/// the hypervisor forwards each fault it reads with
+/// `rdmamig_conn_postcopy_fetch`. For a hypervisor that keeps its own fault
+/// thread (QEMU, whose userfaultfd also serves vhost-user backends), or a
+/// migration process apart from the VMM that received its guest memory and
+/// userfaultfd over a UNIX socket. Ignored on a source. Default off: the
+/// library registers a userfaultfd of its own and serves it.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_postcopy_hypervisor_userfaultfd(
+    config: *mut rdmamig_config,
+    hypervisor: bool,
+) -> rdmamig_status {
+    ffi_boundary! {
+        set(config, "rdmamig_config_set_postcopy_hypervisor_userfaultfd", |c| {
+            c.hypervisor_userfaultfd = hypervisor;
+            Ok(())
+        })
+    }
+}
+
 /// Pin budget, in bytes: the most guest memory this side keeps registered
 /// (pinned) at once. A source unpins least-recently-used chunks (see
 /// `rdmamig_conn_hint`) to stay under it and under the budget an rdmamig
@@ -361,6 +388,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_max_bandwidth(c, 100 << 20), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_recovery_ms(c, 20_000), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_postcopy_hypervisor_userfaultfd(c, true), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -379,6 +407,7 @@ mod tests {
                 return_path: true,
                 max_bandwidth: Some(100 << 20),
                 postcopy_recovery: Some(Duration::from_secs(20)),
+                hypervisor_userfaultfd: true,
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);

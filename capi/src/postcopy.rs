@@ -10,7 +10,9 @@ use super::status::rdmamig_status;
 use super::versioned::{self, VersionedBySize};
 use super::wait::wait_of;
 use rdmamig::{PostcopyPhase, PostcopyProgress, StalePages};
+use std::ffi::c_int;
 use std::mem::{offset_of, size_of};
+use std::os::fd::BorrowedFd;
 
 /// Where a destination's post-copy is (`rdmamig_postcopy_progress.phase`,
 /// the `phase` of `rdmamig_conn_wait_postcopy`). The values are part of the
@@ -223,11 +225,13 @@ pub extern "C" fn rdmamig_conn_postcopy(
 ///
 /// `RDMAMIG_POSTCOPY_RUNNING`: the source's request arrived, the library
 /// registered the guest RAM blocks with stale pages with a userfaultfd of
-/// its own (missing mode) and dropped the stale pages; start the vCPUs
-/// then, not before. From then on the library's thread of the connection
-/// serves the vCPUs' faults (an RDMA READ of the page, installed with
-/// `UFFDIO_COPY`, which wakes the faulting thread) and pulls the rest in the
-/// background; a page a vCPU wrote is never overwritten.
+/// its own (missing mode; or checked the hypervisor's covers them, see
+/// `rdmamig_conn_postcopy_userfaultfd`) and dropped the stale pages; start
+/// the vCPUs then, not before. From then on the library's thread of the
+/// connection serves the vCPUs' faults (an RDMA READ of the page, installed
+/// with `UFFDIO_COPY`, which wakes the faulting thread; with the
+/// hypervisor's userfaultfd, the faults it forwards) and pulls the rest in
+/// the background; a page a vCPU wrote is never overwritten.
 /// `RDMAMIG_POSTCOPY_DONE`: every stale page is in place.
 ///
 /// Blocks the calling thread (any thread) on the connection's state; the
@@ -282,7 +286,10 @@ pub extern "C" fn rdmamig_conn_wait_postcopy(
 /// shared guest memory (a vhost-user backend) and whose userfaultfd the
 /// hypervisor reads; once this returns, wake the backend's thread there
 /// (`UFFDIO_WAKE`). Pages that are not stale are left as they are (a
-/// missing one is zero: place it yourself, `UFFDIO_ZEROPAGE`).
+/// missing one is zero: place it yourself, `UFFDIO_ZEROPAGE`). With the
+/// hypervisor's userfaultfd (`rdmamig_conn_postcopy_userfaultfd`), the
+/// faults read from it: then every page of the range is placed through it,
+/// stale or not, and the threads waiting on them are woken.
 ///
 /// `timeout_ms` as in `rdmamig_conn_wait_postcopy`; with `RDMAMIG_NO_WAIT`
 /// the call only asks (a prefetch): `RDMAMIG_ERR_WOULD_BLOCK`, and the pages
@@ -308,6 +315,65 @@ pub extern "C" fn rdmamig_conn_postcopy_fetch(
     ffi_boundary! {
         const F: &str = "rdmamig_conn_postcopy_fetch";
         run(conn, F, |c| Ok(c.as_destination(F)?.postcopy_fetch(block, offset, len, wait_of(timeout_ms))?))
+    }
+}
+
+/// Destination, with `rdmamig_config_set_postcopy_hypervisor_userfaultfd`:
+/// hands over the hypervisor's userfaultfd `uffd` for post-copy. The library
+/// keeps a duplicate until post-copy ends (the hypervisor keeps `uffd` and
+/// closes it when it likes), installs pages through it and never reads it.
+/// Call it before post-copy runs (the library waits for it once the
+/// source's request came), with every guest RAM block registered with
+/// `uffd` in missing mode (`UFFDIO_REGISTER_MODE_MISSING`, its `UFFDIO_API`
+/// handshake done): before it drops a stale page the library checks that
+/// each block is, and post-copy fails (`RDMAMIG_ERR_INVALID_ARGUMENT`)
+/// otherwise.
+///
+/// `addrs` (`n_addrs` entries, one per block of the `rdmamig_ram` this side
+/// accepted with, by index): where each block lies in the address space of
+/// the process that registered `uffd`, when that is not this one (a
+/// migration process that received the VMM's guest memory and userfaultfd
+/// over a UNIX socket: the faults it reads are at the VMM's addresses, and
+/// the library installs there); NULL and 0: at the blocks' host addresses
+/// here.
+///
+/// From `RDMAMIG_POSTCOPY_RUNNING` on, forward every fault read from `uffd`
+/// with `rdmamig_conn_postcopy_fetch` (the block and offset of its address);
+/// it then places every page of its range, stale or not (a missing page
+/// that is not stale becomes a zero page), and wakes the threads waiting on
+/// them. When post-copy fails, the library makes the blocks `PROT_NONE` in
+/// this process and wakes the threads waiting on them; a VMM in another
+/// process stops its vCPUs itself (the fetches fail with the connection's
+/// error).
+///
+/// Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER` (`addrs` NULL with
+/// `n_addrs > 0`); `RDMAMIG_ERR_INVALID_ARGUMENT` (`uffd` no userfaultfd,
+/// `n_addrs` not 0 nor the number of blocks, an address not 4 KiB-aligned);
+/// `RDMAMIG_ERR_STATE` (a source, a destination without the setting, after
+/// post-copy started or a second time).
+///
+/// Thread safety: may run concurrently with other `const` uses of `conn`,
+/// from any thread.
+#[no_mangle]
+pub extern "C" fn rdmamig_conn_postcopy_userfaultfd(
+    conn: *const rdmamig_conn,
+    uffd: c_int,
+    addrs: *const u64,
+    n_addrs: usize,
+) -> rdmamig_status {
+    ffi_boundary! {
+        const F: &str = "rdmamig_conn_postcopy_userfaultfd";
+        run(conn, F, |c| {
+            let addrs = items(addrs, n_addrs, F, "addrs")?;
+            if uffd < 0 {
+                return Err(Failure::invalid(format!("{F}: uffd {uffd} is no descriptor")));
+            }
+            // SAFETY: the caller passes an open descriptor, which stays open
+            // for the call (the library keeps a duplicate of its own).
+            let uffd = unsafe { BorrowedFd::borrow_raw(uffd) };
+            let at = (!addrs.is_empty()).then_some(addrs);
+            Ok(c.as_destination(F)?.postcopy_userfaultfd(uffd, at)?)
+        })
     }
 }
 
