@@ -17,27 +17,19 @@ use std::time::Duration;
 use rdmamig::{Config, Destination, Ending, ErrorKind, PostcopyPhase, RamBlocks, StalePages};
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
-use super::migration::{connect, one_block, GuestRam, PAGE};
+use super::migration::{connect, mix, one_block, GuestRam, PAGE};
 
 const LEN: u64 = 16 << 20;
 const PAGES: u64 = LEN / PAGE;
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
-
-/// splitmix64: the guest's content is a function of page, word and round,
-/// so each process knows it without a copy.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 /// Three pages in four change after pre-copy: stale.
 fn is_stale(page: u64) -> bool {
     page % 4 != 0
 }
 
-/// Word `w` of `page`: as pre-copy sends it (round 0), as it ends (round 1).
+/// Word `w` of `page`: as pre-copy sends it (round 0), as it ends (round 1);
+/// a function of page, word and round, so each process knows it without a copy.
 fn word(page: u64, w: u64, round: u64) -> u64 {
     mix((page << 20) ^ (w << 2) ^ round)
 }

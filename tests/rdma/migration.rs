@@ -191,6 +191,15 @@ pub fn connect(src: &RamBlocks, src_config: &Config, dst: RamBlocks, dst_config:
     (source, dest.join().unwrap())
 }
 
+/// splitmix64 of `x`: memory whose content is a function of page and word
+/// (and a round) is known to every process without a copy.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
 /// Dirty-page bitmap, one bit per page of each block.
 struct Dirty {
     bits: Vec<Vec<AtomicU64>>,

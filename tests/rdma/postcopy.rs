@@ -26,7 +26,7 @@ use super::child::{child_setting, ChildExe, Peer, REPORT};
 use super::hostile::Peer as CraftedSource;
 use super::hostile_source::{recovery_tag, recovery_tag_from};
 use super::memory::Rss;
-use super::migration::{connect, listen, one_block, rdma_ip, read_stream, GuestRam, Rng, PAGE};
+use super::migration::{connect, listen, mix, one_block, rdma_ip, read_stream, GuestRam, Rng, PAGE};
 
 const LEN: u64 = 64 << 20;
 const PAGES: u64 = LEN / PAGE;
@@ -578,15 +578,6 @@ fn postcopy_run_severed(
 const CHILD_ENV: &str = "RDMAMIG_POSTCOPY_SOURCE";
 /// The liveness time (`Config::default()`): the failure must be reported within it.
 const LIVENESS: Duration = Duration::from_secs(10);
-
-/// splitmix64 of `x`: the killed source's memory is a function of the page
-/// and word, so the parent knows it without a copy.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 /// Half the pages change after pre-copy.
 fn killed_is_stale(page: u64) -> bool {
