@@ -271,7 +271,7 @@ valgrind_runs() {
         # memcheck under TCG is slow: the never-waits bound only has to hold natively.
         rdma_test_poll_loop) runs=("--mib 16 --bound-ms 20000") ;;
         # valgrind has no userfaultfd (ENOSYS): the C API's checks and a pre-copy window only.
-        rdma_test_postcopy) runs=("--mib 8 --no-postcopy") ;;
+        rdma_test_postcopy | rdma_test_hypervisor_uffd) runs=("--mib 8 --no-postcopy") ;;
         # The abort's bound is for native speed; memcheck checks the teardown.
         rdma_test_abort_close) runs=("--bound-s 30") ;;
         *) runs=("") ;;
