@@ -17,7 +17,8 @@
  * Source: one block, one pre-copy window of every page, then the stale pages
  * change and their bitmap goes to rdmamig_conn_postcopy. Destination:
  * registers its guest RAM with its userfaultfd (missing mode) and hands it
- * over only after the source called post-copy (the library waits for it);
+ * over a second after the source called post-copy (a request in by then
+ * waits for it: usually, not always);
  * its fault thread forwards every fault; at RDMAMIG_POSTCOPY_RUNNING four
  * vCPU threads read every page (each must hold the source's final content);
  * at RDMAMIG_POSTCOPY_DONE faults must have been forwarded and served, and
