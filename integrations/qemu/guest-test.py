@@ -28,7 +28,11 @@ printed.  Then two failures:
     RAM moves (query-migrate failed, with the library's message in its
     error-desc, no RAM transferred); the source guest goes on running;
   - the source killed mid-transfer (patched -> patched): the destination
-    fails the migration and exits without ever running the guest.
+    fails the migration and exits without ever running the guest;
+  - the destination killed in post-copy once it runs the guest (a new
+    guest, switched to post-copy as soon as the migration is active, so
+    that most of its RAM is still on the source): the source fails the
+    migration and does not run its guest again.
 
 Exits 0 only if every step held.  RDMAMIG_LIBDIR must name the directory of
 librdmamig.so.0 for the patched QEMU.
@@ -350,6 +354,38 @@ def killed_source(env, src):
         + " | ".join(tail))
 
 
+def killed_postcopy_destination(env):
+    what = "patched -> patched, destination killed in post-copy"
+    src = Vm(env, "patched")
+    dst = Vm(env, "patched", incoming=True)
+    for vm in (src, dst):
+        vm.qmp.ok("migrate-set-capabilities",
+                  capabilities=[{"capability": "postcopy-ram", "state": True}])
+    uri = env.uri()
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    src.qmp.ok("migrate", uri=uri)
+    src.qmp.ok("migrate-start-postcopy")
+    # Running, the destination has the guest: the source must never again.
+    t0 = time.time()
+    while dst.qmp.ok("query-status")["status"] != "running":
+        status = src.qmp.ok("query-migrate").get("status")
+        if status not in ("setup", "active", "device", "postcopy-active") or time.time() - t0 > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the destination does not run (source {status})")
+        time.sleep(0.05)
+    dst.proc.kill()
+    dst.proc.wait()
+    info = wait_migration(src)
+    if info["status"] != "failed":
+        raise RuntimeError(f"{what}: expected the source to fail: {info}")
+    time.sleep(2)
+    state = src.qmp.ok("query-status")["status"]
+    if state == "running":
+        raise RuntimeError(f"{what}: the source runs its guest again")
+    src.quit()
+    log(f"guest-test: PASS {what}: the source failed ({info.get('error-desc')!r}) "
+        f"and its guest stays stopped ({state})")
+
+
 def ib_write_bw(env):
     """ib_write_bw's average at 1 MiB messages over rxe, Gbit/s (three tries:
     the client may come before the server listens)."""
@@ -429,6 +465,7 @@ def main():
                                 for c in ("postcopy-ram", "postcopy-blocktime")])
         wrong_key(env, vm)
         killed_source(env, vm)
+        killed_postcopy_destination(env)
     except Exception as e:  # noqa: BLE001 -- reported, then the logs
         log(f"guest-test: FAIL {e}")
         for name in sorted(os.listdir(env.dir)):
