@@ -16,13 +16,23 @@ downtime are printed), the destination must run, and the guest's own check
 must report its memory intact twice on the destination (the second pass
 verified every page written before and during the migration); the
 destination's virtio-serial and serial files hold only what the guest
-printed there.  Then two failures:
+printed there.  Then post-copy, patched -> patched, dynamic and pin-all:
+each switches to post-copy with migrate-start-postcopy once the first round
+through RAM is done (a 1 ms downtime limit keeps pre-copy from converging
+first); the destination's guest must pass its check twice, the source must
+report the pages the destination pulled (postcopy-bytes), and the total
+time and the destination's post-copy figures (postcopy-blocktime on) are
+printed.  Then two failures:
 
   - a source with another key than the destination's: refused before any
     RAM moves (query-migrate failed, with the library's message in its
     error-desc, no RAM transferred); the source guest goes on running;
   - the source killed mid-transfer (patched -> patched): the destination
-    fails the migration and exits without ever running the guest.
+    fails the migration and exits without ever running the guest;
+  - the destination killed in post-copy once it runs the guest (a new
+    guest, switched to post-copy as soon as the migration is active, so
+    that most of its RAM is still on the source): the source fails the
+    migration and does not run its guest again.
 
 Exits 0 only if every step held.  RDMAMIG_LIBDIR must name the directory of
 librdmamig.so.0 for the patched QEMU.
@@ -68,6 +78,7 @@ BENCH_CHAIN = [  # (label or None: not measured, source, destination, transport,
 ]
 MIGRATE_TIMEOUT = 300
 PASS_TIMEOUT = 300
+POSTCOPY_PIN_ALL = (False, True)
 
 
 def log(msg):
@@ -240,6 +251,55 @@ def migrate(env, src, dst_variant, pin_all, key, transport="rdma", quiet=False):
     return dst, info
 
 
+def postcopy(env, src, pin_all):
+    """Migrates SRC's guest to a new patched QEMU, switching to post-copy
+    after the first round through RAM; returns the destination."""
+    what = f"{src.variant} -> patched, rdma {'pin-all' if pin_all else 'dynamic'}, post-copy"
+    dst = Vm(env, "patched", incoming=True)
+    for vm in (src, dst):
+        vm.prepare(pin_all, None)
+        vm.qmp.ok("migrate-set-capabilities",
+                  capabilities=[{"capability": "postcopy-ram", "state": True}])
+    dst.qmp.ok("migrate-set-capabilities",
+               capabilities=[{"capability": "postcopy-blocktime", "state": True}])
+    # Pre-copy must not converge before the switch.
+    src.qmp.ok("migrate-set-parameters", **{"downtime-limit": 1})
+    uri = env.uri()
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    src.qmp.ok("migrate", uri=uri)
+    t0 = time.time()
+    while True:
+        info = src.qmp.ok("query-migrate")
+        if info.get("status") not in ("setup", "active"):
+            raise RuntimeError(f"{what}: {info.get('status')} before the switch: {info.get('error-desc')}")
+        if info.get("ram", {}).get("dirty-sync-count", 0) >= 2:
+            break
+        if time.time() - t0 > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the first round did not end: {info}")
+        time.sleep(0.1)
+    src.qmp.ok("migrate-start-postcopy")
+    info = wait_migration(src)
+    if info["status"] != "completed":
+        raise RuntimeError(f"{what}: {info['status']}: {info.get('error-desc')}")
+    ram = info.get("ram", {})
+    if not ram.get("postcopy-bytes"):
+        raise RuntimeError(f"{what}: completed without post-copy: {info}")
+    if src.qmp.ok("query-status")["status"] == "running":
+        raise RuntimeError(f"{what}: the source runs after post-copy")
+    dst_info = wait_migration(dst)
+    if dst_info["status"] != "completed" or dst.qmp.ok("query-status")["status"] != "running":
+        raise RuntimeError(f"{what}: the destination: {dst_info}, {dst.qmp.ok('query-status')}")
+    src.quit()
+    dst.wait_passes(2)
+    figures = {k: v for k, v in dst_info.items() if k.startswith("postcopy-")}
+    log(f"guest-test: PASS {what}: completed, total {info['total-time']} ms, "
+        f"{ram.get('transferred', 0) >> 20} MiB transferred, of which the destination pulled "
+        f"{ram['postcopy-bytes'] >> 20} MiB in post-copy ({ram.get('postcopy-requests', 0)} faults "
+        f"served on their own); the guest checked its memory twice on the destination; "
+        f"the destination's query-migrate: {json.dumps(figures)}")
+    return dst
+
+
 def wrong_key(env, src):
     what = f"{src.variant} -> patched with another key"
     dst = Vm(env, "patched", incoming=True)
@@ -292,6 +352,38 @@ def killed_source(env, src):
     tail = open(dst.stderr.name).read().strip().splitlines()[-3:]
     log(f"guest-test: PASS {what}: the destination failed (exit {rc}) without running the guest: "
         + " | ".join(tail))
+
+
+def killed_postcopy_destination(env):
+    what = "patched -> patched, destination killed in post-copy"
+    src = Vm(env, "patched")
+    dst = Vm(env, "patched", incoming=True)
+    for vm in (src, dst):
+        vm.qmp.ok("migrate-set-capabilities",
+                  capabilities=[{"capability": "postcopy-ram", "state": True}])
+    uri = env.uri()
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    src.qmp.ok("migrate", uri=uri)
+    src.qmp.ok("migrate-start-postcopy")
+    # Running, the destination has the guest: the source must never again.
+    t0 = time.time()
+    while dst.qmp.ok("query-status")["status"] != "running":
+        status = src.qmp.ok("query-migrate").get("status")
+        if status not in ("setup", "active", "device", "postcopy-active") or time.time() - t0 > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the destination does not run (source {status})")
+        time.sleep(0.05)
+    dst.proc.kill()
+    dst.proc.wait()
+    info = wait_migration(src)
+    if info["status"] != "failed":
+        raise RuntimeError(f"{what}: expected the source to fail: {info}")
+    time.sleep(2)
+    state = src.qmp.ok("query-status")["status"]
+    if state == "running":
+        raise RuntimeError(f"{what}: the source runs its guest again")
+    src.quit()
+    log(f"guest-test: PASS {what}: the source failed ({info.get('error-desc')!r}) "
+        f"and its guest stays stopped ({state})")
 
 
 def ib_write_bw(env):
@@ -366,8 +458,14 @@ def main():
             vm, _ = migrate(env, vm, dst_variant, pin_all, "key-a" if keyed else None)
             if keyed:
                 vm.prepare(pin_all, "")
+        for pin_all in POSTCOPY_PIN_ALL:
+            vm = postcopy(env, vm, pin_all)
+        vm.qmp.ok("migrate-set-capabilities",
+                  capabilities=[{"capability": c, "state": False}
+                                for c in ("postcopy-ram", "postcopy-blocktime")])
         wrong_key(env, vm)
         killed_source(env, vm)
+        killed_postcopy_destination(env)
     except Exception as e:  # noqa: BLE001 -- reported, then the logs
         log(f"guest-test: FAIL {e}")
         for name in sorted(os.listdir(env.dir)):
