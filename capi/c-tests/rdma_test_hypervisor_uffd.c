@@ -17,8 +17,7 @@
  * Source: one block, one pre-copy window of every page, then the stale pages
  * change and their bitmap goes to rdmamig_conn_postcopy. Destination:
  * registers its guest RAM with its userfaultfd (missing mode) and hands it
- * over a second after the source called post-copy (a request in by then
- * waits for it: usually, not always);
+ * over once the library said it waits for it (its log record);
  * its fault thread forwards every fault; at RDMAMIG_POSTCOPY_RUNNING four
  * vCPU threads read every page (each must hold the source's final content);
  * at RDMAMIG_POSTCOPY_DONE faults must have been forwarded and served, and
@@ -53,6 +52,15 @@
 #define VCPUS 4
 #define SETUP_TIMEOUT_MS 60000
 #define WATCHDOG_S 300
+
+/* Set by the library's log record saying it waits for the userfaultfd. */
+static atomic_int library_waits;
+
+static void on_log(void *user_data, rdmamig_log_level level, const char *message) {
+    (void)user_data;
+    (void)level;
+    if (strstr(message, "waiting up to") && strstr(message, "userfaultfd")) atomic_store(&library_waits, 1);
+}
 
 static int no_postcopy;
 
@@ -211,12 +219,15 @@ static int destination(unsigned mib, int up, int down) {
     EXPECT(failed == 0); /* and none of them failed the connection */
 
     if (!no_postcopy) {
-        /* The source calls post-copy; its request comes while this side is
-         * still busy (usually: nothing here says when it came), and the
-         * library waits for the descriptor: post-copy does not run without it. */
+        /* The source calls post-copy; once its request came the library says
+         * it waits for the descriptor (an Info record), and post-copy does not
+         * run without it. */
         char calling = 0;
         EXPECT(read(down, &calling, 1) == 1 && calling == 1);
-        sleep(1);
+        TRY(conn, rdmamig_set_log_callback(on_log, NULL, RDMAMIG_LOG_INFO));
+        for (int i = 0; i < 6000 && !atomic_load(&library_waits); i++) usleep(10000);
+        TRY(conn, rdmamig_set_log_callback(NULL, NULL, RDMAMIG_LOG_INFO));
+        EXPECT(atomic_load(&library_waits));
         rdmamig_postcopy_progress p = {.size = sizeof p};
         TRY(conn, rdmamig_conn_postcopy_progress(conn, &p));
         EXPECT(p.phase == RDMAMIG_POSTCOPY_IDLE);

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use rdmamig::{Config, Destination, Ending, ErrorKind, PostcopyPhase, RamBlocks, StalePages};
+use rdmamig::{set_log_hook, Config, Destination, Ending, ErrorKind, LogLevel, PostcopyPhase, RamBlocks, StalePages};
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
 use super::migration::{connect, mix, one_block, GuestRam, PAGE};
@@ -132,8 +132,8 @@ fn hypervisors() -> Config {
     Config { hypervisor_userfaultfd: true, ..Config::default() }
 }
 
-/// QEMU's model: one process. The userfaultfd is handed over after the
-/// source's request came (the library waits for it); four vCPU threads read
+/// QEMU's model: one process. The userfaultfd is handed over once the
+/// library said it waits for it (its log record); four vCPU threads read
 /// every page while post-copy runs, each fault forwarded by the fault thread;
 /// every page holds the source's final content. And what is refused: a
 /// descriptor that is no userfaultfd, addresses for another number of
@@ -151,10 +151,18 @@ fn postcopy_through_the_hypervisors_userfaultfd() {
     let err = dest.postcopy_userfaultfd(uffd.0.as_fd(), Some(&[0, 1 << 30])).unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument, "{err}");
     let (stop, forwarded) = (AtomicBool::new(false), AtomicU64::new(0));
+    let (waiting, waits) = std::sync::mpsc::sync_channel(1);
+    let hook = move |_: LogLevel, message: &str| {
+        if message.contains("waiting up to") && message.contains("userfaultfd") {
+            let _ = waiting.try_send(());
+        }
+    };
+    set_log_hook(Some(Box::new(hook)), LogLevel::Info).unwrap();
     thread::scope(|s| {
         let postcopy = s.spawn(|| source.postcopy(&[StalePages { block: 0, bitmap: stale_bitmap() }]));
         // The request is in; the library waits for the hypervisor's descriptor.
-        thread::sleep(Duration::from_millis(500));
+        waits.recv_timeout(Duration::from_secs(60)).expect("the library never said it waits for the userfaultfd");
+        set_log_hook(None, LogLevel::Info).unwrap();
         assert_eq!(dest.postcopy_progress().phase, PostcopyPhase::Idle);
         dest.postcopy_userfaultfd(uffd.0.as_fd(), None).unwrap();
         let err = dest.postcopy_userfaultfd(uffd.0.as_fd(), None).unwrap_err();

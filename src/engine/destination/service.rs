@@ -267,6 +267,13 @@ impl Service {
     fn hypervisors_userfaultfd(&mut self, plan: &mut [PlanBlock]) -> Result<crate::host::uffd::Userfault> {
         let deadline = std::time::Instant::now() + self.config.timeout;
         let mut state = self.shared.state.lock();
+        if state.userfaultfd.is_none() {
+            logging::info(format_args!(
+                "destination: post-copy requested: waiting up to {:?} for the hypervisor's userfaultfd \
+                 (postcopy_userfaultfd)",
+                self.config.timeout
+            ));
+        }
         let SuppliedUserfault { uffd, at } = loop {
             if let Some(supplied) = state.userfaultfd.take() {
                 break supplied;
