@@ -64,21 +64,8 @@ static void on_log(void *user_data, rdmamig_log_level level, const char *message
 
 static int no_postcopy;
 
-/* splitmix64's finaliser. */
-static uint64_t mix(uint64_t x) {
-    x += UINT64_C(0x9E3779B97F4A7C15);
-    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return x ^ (x >> 31);
-}
-
 static int is_stale(uint64_t page) {
     return page % 4 != 0;
-}
-
-/* Word `w` of `page` at `version` (0: what pre-copy sends, 1: after the change). */
-static uint64_t word(uint64_t page, uint64_t w, uint64_t version) {
-    return mix((page << 20) ^ (w << 2) ^ version);
 }
 
 /* Whether `page` of `host` holds the source's final content (a missing page faults first). */

@@ -70,21 +70,8 @@ static const uint8_t KEY[32] = "rdma_test_postcopy: its key ...";
 
 static int no_postcopy;
 
-/* splitmix64's finaliser. */
-static uint64_t mix(uint64_t x) {
-    x += UINT64_C(0x9E3779B97F4A7C15);
-    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return x ^ (x >> 31);
-}
-
 static int is_stale(uint64_t page) {
     return mix(page ^ UINT64_C(0x5a5a000000000000)) % 4 == 0;
-}
-
-/* Word `w` of `page` at `version` (0: what pre-copy sends, 1: after the change). */
-static uint64_t word(uint64_t page, uint64_t w, uint64_t version) {
-    return mix((page << 20) ^ (w << 2) ^ version);
 }
 
 /* The source's final content of `page`. */

@@ -35,6 +35,21 @@ static inline uint64_t rng_next(uint64_t *s) {
     return *s * UINT64_C(0x2545F4914F6CDD1D);
 }
 
+/* splitmix64's finaliser. */
+static inline uint64_t mix(uint64_t x) {
+    x += UINT64_C(0x9E3779B97F4A7C15);
+    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return x ^ (x >> 31);
+}
+
+/* Word `w` of `page` at `version` (the post-copy tests: 0 is what pre-copy
+ * sends, 1 the content after the change): guest memory that is a function of
+ * page, word and version, so each side knows it without a copy. */
+static inline uint64_t word(uint64_t page, uint64_t w, uint64_t version) {
+    return mix((page << 20) ^ (w << 2) ^ version);
+}
+
 /* FNV-1a over `n` bytes, continuing from `h` (FNV_OFFSET to start). */
 #define FNV_OFFSET UINT64_C(0xcbf29ce484222325)
 static inline uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
