@@ -123,21 +123,15 @@ impl Userfault {
     /// missing page there becomes a zero page: call it only where that is
     /// right (guest RAM about to be dropped, or never sent).
     pub fn check_registered(&self, dst: u64, page: u64) -> Result<()> {
-        let mut arg = ZeroArg { range: Range { start: dst, len: page }, mode: 0, zeropage: 0 };
-        // SAFETY: a valid uffdio_zeropage for this ioctl.
-        if unsafe { libc::ioctl(self.fd(), UFFDIO_ZEROPAGE as _, &mut arg) } == 0
-            || arg.zeropage == -(libc::EEXIST as i64)
-        {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!(
-                "guest RAM at {dst:#x} is not registered with the hypervisor's userfaultfd in missing mode \
-                 (UFFDIO_ZEROPAGE: {e})"
-            ),
-        ))
+        self.zero_page(dst, page).map(drop).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "guest RAM at {dst:#x} is not registered with the hypervisor's userfaultfd in missing mode \
+                     (UFFDIO_ZEROPAGE: {e})"
+                ),
+            )
+        })
     }
 
     pub fn fd(&self) -> RawFd {
@@ -214,15 +208,27 @@ impl Userfault {
     /// Installs a zero page at `dst` if it is missing (a page nobody has to
     /// read: it was never sent and is not stale, so it is zero).
     pub fn zero(&self, dst: u64, page: u64) -> Result<()> {
-        let mut arg = ZeroArg { range: Range { start: dst, len: page }, mode: 0, zeropage: 0 };
-        // SAFETY: a valid uffdio_zeropage for this ioctl.
-        if unsafe { libc::ioctl(self.fd(), UFFDIO_ZEROPAGE as _, &mut arg) } != 0 {
-            if arg.zeropage == -(libc::EEXIST as i64) {
-                return self.wake(dst, page);
-            }
-            return Err(os_error("UFFDIO_ZEROPAGE"));
+        match self.zero_page(dst, page) {
+            Ok(true) => Ok(()),
+            // Present: whoever installed it woke its waiters; late ones too.
+            Ok(false) => self.wake(dst, page),
+            Err(e) => Err(Error::new(ErrorKind::Verbs, format!("UFFDIO_ZEROPAGE: {e}"))),
         }
-        Ok(())
+    }
+
+    /// UFFDIO_ZEROPAGE of `[dst, dst + page)`: whether it installed a zero
+    /// page (`false`: one was present, EEXIST).
+    fn zero_page(&self, dst: u64, page: u64) -> std::io::Result<bool> {
+        let mut arg = ZeroArg { range: Range { start: dst, len: page }, mode: 0, zeropage: 0 };
+        // SAFETY: a valid uffdio_zeropage for this ioctl; the kernel fills
+        // only a missing page of a range registered with a userfaultfd.
+        if unsafe { libc::ioctl(self.fd(), UFFDIO_ZEROPAGE as _, &mut arg) } == 0 {
+            return Ok(true);
+        }
+        if arg.zeropage == -(libc::EEXIST as i64) {
+            return Ok(false);
+        }
+        Err(std::io::Error::last_os_error())
     }
 
     /// Wakes the threads waiting on `[dst, dst + len)` (a page found present).

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::dispatch::{Dispatcher, Observer, Registrar, Reply, Step};
 use super::postcopy::plan::PlanBlock;
@@ -16,6 +16,7 @@ use crate::engine::postcopy::{PostcopyPhase, Recovery};
 use crate::engine::ram::RamBlocks;
 use crate::engine::{Config, Ending};
 use crate::host::pagemap;
+use crate::host::uffd::Userfault;
 use crate::host::GuestRange;
 use crate::logging;
 use crate::verbs::{Access, MemoryRegion};
@@ -264,8 +265,8 @@ impl Service {
 
     /// The userfaultfd the hypervisor hands over (`Destination::postcopy_userfaultfd`),
     /// waited for up to the timeout, with where each block of `plan` lies for it.
-    fn hypervisors_userfaultfd(&mut self, plan: &mut [PlanBlock]) -> Result<crate::host::uffd::Userfault> {
-        let deadline = std::time::Instant::now() + self.config.timeout;
+    fn hypervisors_userfaultfd(&mut self, plan: &mut [PlanBlock]) -> Result<Userfault> {
+        let deadline = Instant::now() + self.config.timeout;
         let mut state = self.shared.state.lock();
         if state.userfaultfd.is_none() {
             logging::info(format_args!(
@@ -281,7 +282,7 @@ impl Service {
             if self.link.stop.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Aborted, "closed by the hypervisor"));
             }
-            if std::time::Instant::now() >= deadline {
+            if Instant::now() >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!(
