@@ -61,7 +61,7 @@ pub use engine::{
     AuthKey, Config, Destination, Ending, Event, Hint, Listener, Negotiated, Observer, RamBlock, RamBlocks, Read,
     SaveRange, Source, SourcePrefix, Stats, Unregistration,
 };
-pub use engine::{PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
+pub use engine::{PostcopyLink, PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
 pub use error::{Error, ErrorKind, Result};
 pub use logging::{set_log_hook, Level as LogLevel, LogHook};
 

@@ -26,7 +26,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 14
+#define RDMAMIG_VERSION_MINOR 15
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -271,6 +271,47 @@ typedef uint32_t rdmamig_log_level;
 #endif // __cplusplus
 
 /**
+ * Where post-copy's connection is (`rdmamig_conn_wait_postcopy_link`).
+ * The values are part of the ABI and only ever added to.
+ */
+enum rdmamig_postcopy_link
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Connected: before post-copy, during it, and again after a recovery.
+   */
+  RDMAMIG_POSTCOPY_LINK_UP = 0,
+  /**
+   * Lost during post-copy, with recovery on
+   * (`rdmamig_config_set_postcopy_recovery_ms` on both sides): with
+   * `rdmamig_config_set_postcopy_recovery_by_hypervisor` it waits for
+   * `rdmamig_conn_postcopy_recover`, otherwise it goes on to
+   * `RDMAMIG_POSTCOPY_LINK_RECOVERING` at once. QEMU's "postcopy-paused".
+   */
+  RDMAMIG_POSTCOPY_LINK_LOST = 1,
+  /**
+   * The destination reconnects to the source, the source waits for it.
+   * QEMU's "postcopy-recover".
+   */
+  RDMAMIG_POSTCOPY_LINK_RECOVERING = 2,
+  /**
+   * The connection ended: post-copy done, or the connection failed (the
+   * other calls say how; with no recovery, or once the window ran out, a
+   * loss ends here without `RDMAMIG_POSTCOPY_LINK_LOST`). Final.
+   */
+  RDMAMIG_POSTCOPY_LINK_ENDED = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum rdmamig_postcopy_link rdmamig_postcopy_link;
+#else
+typedef uint32_t rdmamig_postcopy_link;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * What `rdmamig_conn_hint` says about a range of guest RAM.
  */
 enum rdmamig_hint
@@ -425,10 +466,12 @@ typedef struct rdmamig_config rdmamig_config;
  * `rdmamig_conn_negotiated_authenticated`,
  * `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_negotiated`,
  * `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_postcopy_progress`,
- * `rdmamig_conn_postcopy_userfaultfd`, `rdmamig_conn_put_return`,
- * `rdmamig_conn_save_bitmap`, `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
+ * `rdmamig_conn_postcopy_recover`, `rdmamig_conn_postcopy_userfaultfd`,
+ * `rdmamig_conn_put_return`, `rdmamig_conn_save_bitmap`,
+ * `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
  * `rdmamig_conn_set_max_bandwidth`, `rdmamig_conn_wait_end`,
- * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy`.
+ * `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy_link`,
+ * `rdmamig_conn_wait_postcopy`.
  * Every other function, and the callbacks of
  * `rdmamig_conn_stream_ops`, runs one at a time (each says whether
  * `rdmamig_conn_save` may run alongside it), while the `const` calls,
@@ -1021,6 +1064,34 @@ rdmamig_status rdmamig_config_set_postcopy_recovery_ms(struct rdmamig_config *co
  */
 rdmamig_status rdmamig_config_set_postcopy_hypervisor_userfaultfd(struct rdmamig_config *config,
                                                                   bool hypervisor);
+
+/**
+ * Post-copy recovery (`rdmamig_config_set_postcopy_recovery_ms`), on
+ * either side: after a loss, wait for the hypervisor's go,
+ * `rdmamig_conn_postcopy_recover`, before reconnecting (destination) or
+ * admitting the destination's connection (source), as QEMU's
+ * `migrate-recover` and `migrate` with `resume` drive it. The window still
+ * bounds the whole wait from the loss. Default off: each side recovers by
+ * itself. Either way `rdmamig_conn_wait_postcopy_link` follows the
+ * connection.
+ */
+rdmamig_status rdmamig_config_set_postcopy_recovery_by_hypervisor(struct rdmamig_config *config,
+                                                                  bool by_hypervisor);
+
+/**
+ * Destination, post-copy: when it fails, leave the threads blocked on
+ * missing guest pages blocked (`keep` true) instead of releasing them
+ * (false, the default: the post-copy blocks become `PROT_NONE` in this
+ * process and the waiters are woken, so they and later touches fault with
+ * SIGSEGV). Either way no thread runs on a page the source never sent.
+ * For a hypervisor that reports the failure and keeps running until it is
+ * stopped (QEMU: query-migrate answers, the vCPUs wait): it must then never
+ * unregister the guest RAM from its userfaultfd nor wait for its vCPUs to
+ * stop (a vCPU blocked on a missing page may never stop); the library
+ * keeps its userfaultfd (or its duplicate of the hypervisor's) open, so the
+ * blocks stay registered. Ignored on a source.
+ */
+rdmamig_status rdmamig_config_set_postcopy_keep_blocked(struct rdmamig_config *config, bool keep);
 
 /**
  * Pin budget, in bytes: the most guest memory this side keeps registered
@@ -2175,6 +2246,55 @@ rdmamig_status rdmamig_conn_postcopy_userfaultfd(const struct rdmamig_conn *conn
  */
 rdmamig_status rdmamig_conn_postcopy_progress(const struct rdmamig_conn *conn,
                                               struct rdmamig_postcopy_progress *out);
+
+/**
+ * Either side: waits (at most `timeout_ms` milliseconds;
+ * `RDMAMIG_WAIT_FOREVER` (0) waits for ever, `RDMAMIG_NO_WAIT` not at all)
+ * until post-copy's connection is in another state than `known` (an
+ * `rdmamig_postcopy_link` value), and stores the state then in `*link_out`.
+ * For a hypervisor that shows its own migration states (QEMU: active,
+ * paused, recover), from a thread of its own: on a source the thread in
+ * `rdmamig_conn_postcopy` is blocked meanwhile, on a destination the
+ * library's. Call it with the state it returned last, from
+ * `RDMAMIG_POSTCOPY_LINK_UP` on, until `RDMAMIG_POSTCOPY_LINK_ENDED`
+ * (which comes when the connection ends, with or without post-copy; a
+ * short recovery may go from `RDMAMIG_POSTCOPY_LINK_LOST` back to
+ * `RDMAMIG_POSTCOPY_LINK_UP` between two calls). Join that thread before
+ * `rdmamig_conn_free`.
+ *
+ * Returns `RDMAMIG_OK` with `*link_out` set; `RDMAMIG_ERR_TIMEOUT` when the
+ * wait ran out, `RDMAMIG_ERR_WOULD_BLOCK` with `RDMAMIG_NO_WAIT`, with the
+ * state still `known` (`*link_out` is then `known`);
+ * `RDMAMIG_ERR_NULL_PARAMETER`; `RDMAMIG_ERR_INVALID_ARGUMENT` for an
+ * unknown `known`; `RDMAMIG_ERR_STATE` after `rdmamig_conn_close`.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`,
+ * from any thread.
+ */
+rdmamig_status rdmamig_conn_wait_postcopy_link(const struct rdmamig_conn *conn,
+                                               uint32_t known,
+                                               uint32_t timeout_ms,
+                                               rdmamig_postcopy_link *link_out);
+
+/**
+ * Either side, with `rdmamig_config_set_postcopy_recovery_by_hypervisor`,
+ * once post-copy's connection was lost (`RDMAMIG_POSTCOPY_LINK_LOST`): lets
+ * its recovery begin (the state becomes `RDMAMIG_POSTCOPY_LINK_RECOVERING`).
+ * A destination then reconnects to the source (every half second, within
+ * what is left of the window), a source then admits the destination's
+ * recovery connection; the recovery completes once both sides called it
+ * (QEMU: `migrate-recover` on the destination, `migrate` with `resume` on
+ * the source). The window (`rdmamig_config_set_postcopy_recovery_ms`)
+ * counts from the loss, the wait for this call included.
+ *
+ * Returns `RDMAMIG_OK`; `RDMAMIG_ERR_NULL_PARAMETER`; `RDMAMIG_ERR_STATE`
+ * without the setting, when the connection is not lost (up, recovering
+ * already, or ended), or after `rdmamig_conn_close`.
+ *
+ * Thread safety: may run concurrently with other `const` uses of `conn`,
+ * from any thread.
+ */
+rdmamig_status rdmamig_conn_postcopy_recover(const struct rdmamig_conn *conn);
 
 /**
  * A new, empty RAM registry.

@@ -220,6 +220,48 @@ pub extern "C" fn rdmamig_config_set_postcopy_hypervisor_userfaultfd(
     }
 }
 
+/// Post-copy recovery (`rdmamig_config_set_postcopy_recovery_ms`), on
+/// either side: after a loss, wait for the hypervisor's go,
+/// `rdmamig_conn_postcopy_recover`, before reconnecting (destination) or
+/// admitting the destination's connection (source), as QEMU's
+/// `migrate-recover` and `migrate` with `resume` drive it. The window still
+/// bounds the whole wait from the loss. Default off: each side recovers by
+/// itself. Either way `rdmamig_conn_wait_postcopy_link` follows the
+/// connection.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_postcopy_recovery_by_hypervisor(
+    config: *mut rdmamig_config,
+    by_hypervisor: bool,
+) -> rdmamig_status {
+    ffi_boundary! {
+        set(config, "rdmamig_config_set_postcopy_recovery_by_hypervisor", |c| {
+            c.postcopy_recovery_by_hypervisor = by_hypervisor;
+            Ok(())
+        })
+    }
+}
+
+/// Destination, post-copy: when it fails, leave the threads blocked on
+/// missing guest pages blocked (`keep` true) instead of releasing them
+/// (false, the default: the post-copy blocks become `PROT_NONE` in this
+/// process and the waiters are woken, so they and later touches fault with
+/// SIGSEGV). Either way no thread runs on a page the source never sent.
+/// For a hypervisor that reports the failure and keeps running until it is
+/// stopped (QEMU: query-migrate answers, the vCPUs wait): it must then never
+/// unregister the guest RAM from its userfaultfd nor wait for its vCPUs to
+/// stop (a vCPU blocked on a missing page may never stop); the library
+/// keeps its userfaultfd (or its duplicate of the hypervisor's) open, so the
+/// blocks stay registered. Ignored on a source.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_postcopy_keep_blocked(config: *mut rdmamig_config, keep: bool) -> rdmamig_status {
+    ffi_boundary! {
+        set(config, "rdmamig_config_set_postcopy_keep_blocked", |c| {
+            c.postcopy_keep_blocked = keep;
+            Ok(())
+        })
+    }
+}
+
 /// Pin budget, in bytes: the most guest memory this side keeps registered
 /// (pinned) at once. A source unpins least-recently-used chunks (see
 /// `rdmamig_conn_hint`) to stay under it and under the budget an rdmamig
@@ -389,6 +431,8 @@ mod tests {
         assert_eq!(rdmamig_config_set_max_bandwidth(c, 100 << 20), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_recovery_ms(c, 20_000), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_hypervisor_userfaultfd(c, true), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_postcopy_keep_blocked(c, true), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_postcopy_recovery_by_hypervisor(c, true), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!(
             *got,
@@ -407,7 +451,9 @@ mod tests {
                 return_path: true,
                 max_bandwidth: Some(100 << 20),
                 postcopy_recovery: Some(Duration::from_secs(20)),
+                postcopy_recovery_by_hypervisor: true,
                 hypervisor_userfaultfd: true,
+                postcopy_keep_blocked: true,
             }
         );
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
@@ -454,6 +500,8 @@ mod tests {
         assert_eq!(rdmamig_config_set_tos(n, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_return_path(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_max_bandwidth(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_postcopy_keep_blocked(n, true), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_postcopy_recovery_by_hypervisor(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);
     }
 }

@@ -37,10 +37,12 @@ use rdmamig::{Ending, Hint, Read, SaveRange, Source, Unregistration};
 /// `rdmamig_conn_negotiated_authenticated`,
 /// `rdmamig_conn_negotiated_postcopy_recovery`, `rdmamig_conn_negotiated`,
 /// `rdmamig_conn_postcopy_fetch`, `rdmamig_conn_postcopy_progress`,
-/// `rdmamig_conn_postcopy_userfaultfd`, `rdmamig_conn_put_return`,
-/// `rdmamig_conn_save_bitmap`, `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
+/// `rdmamig_conn_postcopy_recover`, `rdmamig_conn_postcopy_userfaultfd`,
+/// `rdmamig_conn_put_return`, `rdmamig_conn_save_bitmap`,
+/// `rdmamig_conn_save_ranges`, `rdmamig_conn_save`,
 /// `rdmamig_conn_set_max_bandwidth`, `rdmamig_conn_wait_end`,
-/// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy`.
+/// `rdmamig_conn_wait_iteration`, `rdmamig_conn_wait_postcopy_link`,
+/// `rdmamig_conn_wait_postcopy`.
 // END generated
 /// Every other function, and the callbacks of
 /// `rdmamig_conn_stream_ops`, runs one at a time (each says whether

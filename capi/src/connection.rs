@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
-use rdmamig::{Destination, Ending, Negotiated, Source, Stats};
+use std::time::Duration;
+
+use rdmamig::{Destination, Ending, Negotiated, PostcopyLink, Source, Stats};
 use rdmamig::{Error, ErrorKind, Result};
 
 /// The role a [`Connection`] plays, for its whole life.
@@ -111,6 +113,27 @@ impl Connection {
             Role::Source(s) => s.event_fd(),
             Role::Destination(d) => d.event_fd(),
         })
+    }
+
+    /// `wait_postcopy_link` of either role.
+    pub fn wait_postcopy_link(
+        &self,
+        call: &str,
+        known: PostcopyLink,
+        timeout: Option<Duration>,
+    ) -> Result<PostcopyLink> {
+        Ok(match self.open_role(call)? {
+            Role::Source(s) => s.wait_postcopy_link(known, timeout),
+            Role::Destination(d) => d.wait_postcopy_link(known, timeout),
+        })
+    }
+
+    /// `postcopy_recover` of either role.
+    pub fn postcopy_recover(&self, call: &str) -> Result<()> {
+        match self.open_role(call)? {
+            Role::Source(s) => s.postcopy_recover(),
+            Role::Destination(d) => d.postcopy_recover(),
+        }
     }
 
     pub fn is_source(&self) -> bool {

@@ -49,6 +49,7 @@ pub mod fabric;
 pub mod listener;
 pub mod log;
 pub mod postcopy;
+pub mod postcopy_link;
 pub mod ram;
 pub mod stats;
 pub mod stream;

@@ -456,7 +456,7 @@ mod tests {
         let in_header: Vec<(String, u32)> = header
             .lines()
             .map(str::trim)
-            .filter(|l| l.starts_with("RDMAMIG_POSTCOPY_"))
+            .filter(|l| l.starts_with("RDMAMIG_POSTCOPY_") && !l.starts_with("RDMAMIG_POSTCOPY_LINK_"))
             .map(|l| {
                 let (name, value) = l.trim_end_matches(',').split_once(" = ").expect("NAME = value");
                 (name.to_string(), value.parse().expect("number"))

@@ -97,6 +97,13 @@ pub struct Config {
     /// counts from the moment it noticed the loss. Negotiated: recovery
     /// needs it on both sides.
     pub postcopy_recovery: Option<Duration>,
+    /// Post-copy recovery, on either side: begins only when the hypervisor
+    /// says so (`postcopy_recover` on each side: the destination then
+    /// reconnects, the source then admits it), as QEMU's `migrate-recover`
+    /// and `migrate resume=true` do; the window (`postcopy_recovery`) still
+    /// bounds the whole wait from the loss. Off: each side recovers by
+    /// itself. Either way `wait_postcopy_link` follows the connection.
+    pub postcopy_recovery_by_hypervisor: bool,
     /// Destination: post-copy goes through the hypervisor's userfaultfd
     /// instead of one of the library's own. The hypervisor registers guest
     /// RAM with it (missing mode) and reads its faults itself, and hands it
@@ -106,6 +113,15 @@ pub struct Config {
     /// installs pages through it and never reads it. Each fault the
     /// hypervisor reads, it forwards with `Destination::postcopy_fetch`.
     pub hypervisor_userfaultfd: bool,
+    /// Destination: when post-copy fails, leave the threads blocked on
+    /// missing pages blocked (and later touches of them block too) instead
+    /// of releasing them (the default: the blocks become `PROT_NONE` and the
+    /// waiters are woken, so they fault with SIGSEGV). Either way no thread
+    /// runs on a page the source never sent; this is the choice of a
+    /// hypervisor that reports the failure and keeps the process alive until
+    /// it is stopped (QEMU's post-copy failure). Its userfaultfd must then
+    /// stay registered: unregistered, the missing pages would read as zero.
+    pub postcopy_keep_blocked: bool,
 }
 
 impl Default for Config {
@@ -125,7 +141,9 @@ impl Default for Config {
             return_path: false,
             max_bandwidth: None,
             postcopy_recovery: None,
+            postcopy_recovery_by_hypervisor: false,
             hypervisor_userfaultfd: false,
+            postcopy_keep_blocked: false,
         }
     }
 }

@@ -26,7 +26,7 @@ pub use destination::{Destination, Event, Observer, Read};
 pub use ending::Ending;
 pub use link::{Listener, Negotiated};
 pub use pin::{Hint, Unregistration};
-pub use postcopy::{PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
+pub use postcopy::{PostcopyLink, PostcopyPhase, PostcopyProgress, PostcopySummary, StalePages};
 pub use ram::{RamBlock, RamBlocks, Run};
 pub use source::{SaveRange, Source};
 pub use stats::Stats;

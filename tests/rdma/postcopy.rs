@@ -11,7 +11,8 @@
 //!
 //! And a source killed during post-copy: the destination reports the failure
 //! within the liveness time, releases every vCPU blocked on a missing page
-//! (SIGSEGV, the documented mechanism) and has installed no wrong page.
+//! (SIGSEGV, the documented mechanism), or with `postcopy_keep_blocked`
+//! keeps them blocked, and has installed no wrong page.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rdmamig::verbs::CmEventKind;
 use rdmamig::wire::{Capabilities, ConnectData, CAP_RDMAMIG_AUTH, CAP_RDMAMIG_EXT, CAP_RDMAMIG_RESUME};
-use rdmamig::{AuthKey, Config, Destination, Ending, ErrorKind, PostcopyPhase, Source, StalePages};
+use rdmamig::{AuthKey, Config, Destination, Ending, ErrorKind, PostcopyLink, PostcopyPhase, Source, StalePages};
 
 use super::child::{child_setting, ChildExe, Peer, REPORT};
 use super::hostile::Peer as CraftedSource;
@@ -596,9 +597,9 @@ fn killed_page(page: u64) -> Vec<u8> {
 }
 
 /// Both sides of the killed-source test have post-copy recovery on: a
-/// killed source leaves no recovery listener, so the destination's one
-/// reconnection attempt is refused at once and the failure comes as fast as
-/// without recovery (which takes the same path minus that attempt).
+/// killed source's kernel disconnects, and the destination does not try to
+/// reconnect to a source that disconnected, so the failure comes as fast as
+/// without recovery.
 fn recovering() -> Config {
     Config { postcopy_recovery: Some(Duration::from_secs(30)), ..Config::default() }
 }
@@ -668,16 +669,32 @@ extern "C" fn on_guest_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx:
 
 #[test]
 fn postcopy_source_killed_reports_and_installs_no_wrong_page() {
+    source_killed(false);
+}
+
+/// As above with `Config::postcopy_keep_blocked`: nothing is released, every
+/// vCPU stays blocked on a missing page after the report, and the block
+/// stays as it was (present pages right, missing ones still missing).
+#[test]
+fn postcopy_source_killed_keeps_vcpus_blocked_when_asked() {
+    source_killed(true);
+}
+
+fn source_killed(keep_blocked: bool) {
     let exe = ChildExe::copy();
-    // Leaked: vCPU threads parked in the SIGSEGV handler must never see it unmapped.
+    // Leaked: vCPU threads parked in the SIGSEGV handler (or blocked on a
+    // missing page) must never see it unmapped.
     let dst: &'static GuestRam = Box::leak(Box::new(GuestRam::new(LEN, 0xAA)));
-    let (listener, port) = listen(&recovering());
+    let (listener, port) = listen(&Config { postcopy_keep_blocked: keep_blocked, ..recovering() });
     let mut peer = Peer::spawn(&exe.0, "postcopy::postcopy_source_child", CHILD_ENV, &port.to_string());
     let dest = Destination::accept(&listener, &one_block(dst, LEN), Some(Duration::from_secs(60))).unwrap();
     peer.expect("postcopy");
     let running = dest.wait_postcopy(PostcopyPhase::Running, Some(Duration::from_secs(60))).unwrap();
     assert_eq!(running.pages_total, (0..PAGES).filter(|&p| killed_is_stale(p)).count() as u64);
 
+    // Either test may run first, in one process: count this one's releases only.
+    RELEASED.store(0, Ordering::SeqCst);
+    RELEASED_OTHER.store(0, Ordering::SeqCst);
     GUEST_START.store(dst.ptr() as usize, Ordering::SeqCst);
     GUEST_END.store(dst.ptr() as usize + LEN as usize, Ordering::SeqCst);
     let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -720,21 +737,45 @@ fn postcopy_source_killed_reports_and_installs_no_wrong_page() {
     assert!(progress.pages_remaining > 0, "the kill came after post-copy ended: {progress:?}");
     assert!(reported <= LIVENESS, "the failure was reported only after {reported:?}");
 
-    // Every vCPU is released (none finishes: they loop for ever), within the liveness time.
-    let deadline = Instant::now() + LIVENESS;
-    while RELEASED.load(Ordering::SeqCst) + RELEASED_OTHER.load(Ordering::SeqCst) < VCPUS && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(10));
-    }
-    let released = RELEASED.load(Ordering::SeqCst);
-    assert_eq!(RELEASED_OTHER.load(Ordering::SeqCst), 0, "a vCPU got SIGSEGV with a code other than SEGV_ACCERR");
-    assert_eq!(released, VCPUS, "only {released} of {VCPUS} vCPU threads were released (SIGSEGV) after the failure");
+    let released = if keep_blocked {
+        // Every vCPU ends up blocked on a missing page and stays so: none is
+        // released, none gets past its access.
+        let deadline = Instant::now() + LIVENESS;
+        while in_access.load(Ordering::SeqCst) < VCPUS && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let served_then = served.load(Ordering::SeqCst);
+        thread::sleep(Duration::from_secs(2));
+        assert_eq!(in_access.load(Ordering::SeqCst), VCPUS, "a vCPU is not blocked on a missing page");
+        assert_eq!(served.load(Ordering::SeqCst), served_then, "a vCPU got past a missing page after the failure");
+        let released = RELEASED.load(Ordering::SeqCst) + RELEASED_OTHER.load(Ordering::SeqCst);
+        assert_eq!(released, 0, "{released} vCPU threads were released (SIGSEGV) though asked to keep them blocked");
+        0
+    } else {
+        // Every vCPU is released (none finishes: they loop for ever), within the liveness time.
+        let deadline = Instant::now() + LIVENESS;
+        while RELEASED.load(Ordering::SeqCst) + RELEASED_OTHER.load(Ordering::SeqCst) < VCPUS
+            && Instant::now() < deadline
+        {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let released = RELEASED.load(Ordering::SeqCst);
+        assert_eq!(RELEASED_OTHER.load(Ordering::SeqCst), 0, "a vCPU got SIGSEGV with a code other than SEGV_ACCERR");
+        assert_eq!(
+            released, VCPUS,
+            "only {released} of {VCPUS} vCPU threads were released (SIGSEGV) after the failure"
+        );
+        released
+    };
     assert_eq!(unsafe { libc::sigaction(libc::SIGSEGV, &previous, std::ptr::null_mut()) }, 0);
 
     // No wrong page: every page present is the source's final content; only
-    // stale pages are missing. (The block is PROT_NONE now: a hypervisor
-    // makes it readable to look, and reads present pages only.)
-    let rc = unsafe { libc::mprotect(dst.ptr().cast(), LEN as usize, libc::PROT_READ) };
-    assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+    // stale pages are missing. (Released, the block is PROT_NONE now: a
+    // hypervisor makes it readable to look, and reads present pages only.)
+    if !keep_blocked {
+        let rc = unsafe { libc::mprotect(dst.ptr().cast(), LEN as usize, libc::PROT_READ) };
+        assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+    }
     let mut resident = vec![0u8; PAGES as usize];
     let rc = unsafe { libc::mincore(dst.ptr().cast(), LEN as usize, resident.as_mut_ptr()) };
     assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
@@ -752,9 +793,10 @@ fn postcopy_source_killed_reports_and_installs_no_wrong_page() {
     assert_eq!(wrong.load(Ordering::Relaxed), 0, "a vCPU read a wrong page");
     assert_eq!(missing, progress.pages_remaining);
     eprintln!(
-        "source killed in post-copy: reported after {reported:?}: {:?}: {}; {progress:?}; {present} pages present, \
-         {missing} missing; vCPUs: {} stale reads served, {blocked_at_report} of {VCPUS} inside an access at the \
-         report, all {released} released by SIGSEGV (SEGV_ACCERR) after it",
+        "source killed in post-copy (keep blocked: {keep_blocked}): reported after {reported:?}: {:?}: {}; \
+         {progress:?}; {present} pages present, {missing} missing; vCPUs: {} stale reads served, \
+         {blocked_at_report} of {VCPUS} inside an access at the report, {released} released by SIGSEGV \
+         (SEGV_ACCERR) after it",
         err.kind,
         err.message,
         served.load(Ordering::Relaxed),
@@ -1021,6 +1063,61 @@ fn postcopy_recovery_wait_ends_at_the_sources_abort() {
         "source waiting for a recovery connection: its postcopy returned {returned:?} after the abort ({err}), \
          close {closed:?}"
     );
+}
+
+/// Recovery driven by the hypervisor (`postcopy_recovery_by_hypervisor` on
+/// both sides, as QEMU's `migrate-recover` and `migrate resume=true`): after
+/// the loss both sides report the link lost and wait, the destination
+/// reconnects only after its hypervisor's go, the source admits it only
+/// after its own; then both report it up again and post-copy completes over
+/// the new connection.
+#[test]
+fn postcopy_recovery_waits_for_each_hypervisors_go() {
+    const LIVENESS: Duration = Duration::from_secs(2);
+    const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+    let (src, dst) = (GuestRam::new(KILLED_DEST_LEN, 0x5C), GuestRam::new(KILLED_DEST_LEN, 0xAA));
+    let gated = Config {
+        postcopy_recovery: Some(Duration::from_secs(60)),
+        postcopy_recovery_by_hypervisor: true,
+        liveness: Some(LIVENESS),
+        ..Config::default()
+    };
+    let (source, dest, stale) = all_stale_with(&src, &gated, &dst, &gated);
+    assert_eq!(source.postcopy_recover().unwrap_err().kind, ErrorKind::State, "recover with the link up");
+    rdmamig::test_hooks::SEVER_AFTER_PAGES.store(1, Ordering::Relaxed);
+    thread::scope(|s| {
+        let postcopy = s.spawn(|| source.postcopy(&stale));
+        dest.wait_postcopy(PostcopyPhase::Running, WAIT).unwrap();
+        assert_eq!(dest.wait_postcopy_link(PostcopyLink::Up, WAIT), PostcopyLink::Lost);
+        assert_eq!(source.wait_postcopy_link(PostcopyLink::Up, WAIT), PostcopyLink::Lost);
+        // Without a go nothing moves.
+        thread::sleep(LIVENESS);
+        assert_eq!(dest.wait_postcopy_link(PostcopyLink::Lost, Some(Duration::ZERO)), PostcopyLink::Lost);
+        assert_eq!(source.wait_postcopy_link(PostcopyLink::Lost, Some(Duration::ZERO)), PostcopyLink::Lost);
+        dest.postcopy_recover().unwrap();
+        assert_eq!(dest.postcopy_recover().unwrap_err().kind, ErrorKind::State, "a second go");
+        assert_eq!(dest.wait_postcopy_link(PostcopyLink::Lost, Some(Duration::ZERO)), PostcopyLink::Recovering);
+        // The destination reconnects; the source does not admit it yet.
+        thread::sleep(LIVENESS);
+        assert_eq!(source.wait_postcopy_link(PostcopyLink::Lost, Some(Duration::ZERO)), PostcopyLink::Lost);
+        assert_eq!(dest.wait_postcopy_link(PostcopyLink::Recovering, Some(Duration::ZERO)), PostcopyLink::Recovering);
+        assert_eq!(dest.postcopy_progress().recoveries, 0);
+        assert!(!postcopy.is_finished());
+        source.postcopy_recover().unwrap();
+        assert_eq!(dest.wait_postcopy_link(PostcopyLink::Recovering, WAIT), PostcopyLink::Up);
+        let link = source.wait_postcopy_link(PostcopyLink::Recovering, WAIT);
+        assert!(link == PostcopyLink::Up, "the source's link: {link:?}");
+        let summary = postcopy.join().unwrap().unwrap();
+        assert_eq!(summary.pages, KILLED_DEST_LEN / PAGE);
+    });
+    assert_eq!(rdmamig::test_hooks::SEVER_AFTER_PAGES.swap(0, Ordering::Relaxed), 0, "the link was not severed");
+    let finished = dest.wait_postcopy(PostcopyPhase::Done, WAIT).unwrap();
+    assert_eq!(finished.recoveries, 1, "{finished:?}");
+    assert_eq!(source.close().unwrap(), Ending::Completed);
+    assert_eq!(dest.wait_end(WAIT).unwrap(), Ending::Completed);
+    assert_eq!(source.wait_postcopy_link(PostcopyLink::Up, WAIT), PostcopyLink::Ended);
+    assert_eq!(dest.wait_postcopy_link(PostcopyLink::Up, WAIT), PostcopyLink::Ended);
+    assert!(src.bytes() == dst.bytes(), "the destination's memory differs from the source's");
 }
 
 /// A destination reconnecting after a lost link stops at its hypervisor's

@@ -15,7 +15,7 @@ use super::service::Service;
 use super::shared::{Shared, State, SuppliedUserfault};
 use crate::engine::link::{self, Link, Listener, Negotiated};
 use crate::engine::pin::{self, Pins, Unregistration};
-use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, PostcopyProgress, Progress};
+use crate::engine::postcopy::{Fetch, Fetches, LinkWatch, PostcopyLink, PostcopyPhase, PostcopyProgress, Progress};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::Ending;
@@ -125,6 +125,7 @@ impl Destination {
             event,
             postcopy: Progress::default(),
             fetches: Fetches::new()?,
+            postcopy_link: LinkWatch::new(listener.config().postcopy_recovery_by_hypervisor),
         });
         let negotiated = link.negotiated;
         let stop = link.stop.clone();
@@ -165,7 +166,8 @@ impl Destination {
     /// is not reached). Right after a failure in post-copy is visible the
     /// post-copy blocks become PROT_NONE and threads blocked on them get
     /// SIGSEGV (docs/postcopy.md, failure semantics; complete once
-    /// `close` returns): stop the VM. Any thread.
+    /// `close` returns), or with `Config::postcopy_keep_blocked` they stay
+    /// blocked: stop the VM. Any thread.
     pub fn wait_postcopy(&self, phase: PostcopyPhase, timeout: Option<Duration>) -> Result<PostcopyProgress> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut state = self.shared.state.lock();
@@ -190,6 +192,23 @@ impl Destination {
             }
             self.shared.changed.wait_for(&mut state, wait.min(Duration::from_millis(100)));
         }
+    }
+
+    /// Where post-copy's connection is: waits until it is not `known` (up to
+    /// `timeout`; `None`: for ever) and returns where it is then (still
+    /// `known` if the time ran out). For a hypervisor that shows its own
+    /// states: `Lost` (paused), `Recovering`, `Up` again; `Ended` once the
+    /// connection ended (`wait_postcopy` or `error` say how). Any thread.
+    pub fn wait_postcopy_link(&self, known: PostcopyLink, timeout: Option<Duration>) -> PostcopyLink {
+        self.shared.postcopy_link.wait_change(known, timeout)
+    }
+
+    /// With `Config::postcopy_recovery_by_hypervisor`, after post-copy's
+    /// connection was lost (`PostcopyLink::Lost`): reconnect to the source
+    /// now (within what is left of the window). `State` without the setting
+    /// or when the link is not lost. Any thread.
+    pub fn postcopy_recover(&self) -> Result<()> {
+        self.shared.postcopy_link.recover()
     }
 
     /// Hands over the hypervisor's userfaultfd for post-copy (with

@@ -25,7 +25,7 @@ use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::{self, protocol_error, Link};
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
-use crate::engine::postcopy::{Fetch, Fetches, PostcopyPhase, Progress, Recovery};
+use crate::engine::postcopy::{Fetch, Fetches, PostcopyLink, PostcopyPhase, Progress, Recovery, GO_SLICE};
 use crate::host::pagemap::page_size;
 use crate::host::uffd::{Installed, Userfault};
 use crate::host::wake::{self, EventFd};
@@ -173,6 +173,8 @@ pub(crate) struct Blocked {
     uffd: Option<Userfault>,
     /// Each block here, and where it lies for the userfaultfd.
     spans: Vec<(GuestRange, u64)>,
+    /// `Config::postcopy_keep_blocked`: on failure, release nobody.
+    keep_blocked: bool,
 }
 
 impl Blocked {
@@ -186,7 +188,8 @@ impl Blocked {
 }
 
 impl Drop for Blocked {
-    /// The failure release: every post-copy block becomes PROT_NONE, then
+    /// The failure release (unless `keep_blocked`, see below): every
+    /// post-copy block becomes PROT_NONE, then
     /// every thread waiting on the userfaultfd is woken. A woken thread
     /// retries its access and gets SIGSEGV (SEGV_ACCERR) at the address (in
     /// KVM, KVM_RUN fails with EFAULT); later accesses get it at once. So no
@@ -198,8 +201,23 @@ impl Drop for Blocked {
     /// page would block rather than read as zero. Only this process's
     /// mappings are protected: a hypervisor whose userfaultfd is another
     /// process's stops its vCPUs itself (its fetches fail).
+    ///
+    /// With `keep_blocked` nothing is released: the blocked threads stay
+    /// blocked, and so does any later touch of a missing page, for the
+    /// hypervisor to stop the VM. The userfaultfd (the library's own, or its
+    /// duplicate of the hypervisor's) is leaked too: the blocks stay
+    /// registered even if the hypervisor closes its descriptor.
     fn drop(&mut self) {
         let Some(uffd) = self.uffd.take() else { return };
+        if self.keep_blocked {
+            uffd.leak();
+            logging::error(format_args!(
+                "destination: post-copy failed: threads blocked on the missing pages of its {} guest RAM blocks \
+                 stay blocked (keep-blocked): stop the VM",
+                self.spans.len()
+            ));
+            return;
+        }
         for (span, uffd_addr) in &self.spans {
             // Only the block's protection changes (the library never touches it again).
             if let Err(e) = span.protect_none() {
@@ -242,6 +260,7 @@ pub(crate) fn run(
     blocked: &mut Option<Blocked>,
     recovery: Option<Recovery>,
     supplied: Option<Userfault>,
+    keep_blocked: bool,
 ) -> Result<PostcopySummary> {
     let host_page = page_size();
     if host_page != PAGE {
@@ -254,7 +273,7 @@ pub(crate) fn run(
         Some(uffd) => uffd,
         None => Userfault::new()?,
     };
-    let uffd = blocked.insert(Blocked { uffd: Some(uffd), spans }).uffd.as_ref().expect("just set");
+    let uffd = blocked.insert(Blocked { uffd: Some(uffd), spans, keep_blocked }).uffd.as_ref().expect("just set");
     let total: u64 = blocks.iter().map(|b| b.source.stale_pages).sum();
     for b in &blocks {
         if hypervisors {
@@ -374,12 +393,18 @@ impl Puller<'_> {
     /// new fault QP and takes its POSTCOPY_RESUME. The vCPUs that wait for
     /// pages meanwhile stay blocked.
     fn recover(&mut self, link: &mut Link, r: &Recovery, lost: Error) -> Result<()> {
+        // A recovering source sends no disconnect (`link::abandon`): one that
+        // did has ended (its process died, or it closed): nobody to reconnect to.
+        if link.closed_by_peer() {
+            return Err(Error::new(lost.kind, format!("{}; the source closed it: no recovery", lost.message)));
+        }
         logging::warn(format_args!(
             "destination: post-copy's connection is lost ({lost}): reconnecting to the source for up to {:?}, \
              {} stale pages left",
             r.window, self.remaining
         ));
         link::abandon(link);
+        r.watch.set(PostcopyLink::Lost);
         for j in 0..FAULT_SLOTS {
             if let Some(fault) = self.faults[j].take() {
                 self.queued.push_front(fault);
@@ -393,6 +418,22 @@ impl Puller<'_> {
         // The pull's cursor is past the pages of those reads: it starts over.
         self.cursor = (0, 0);
         let deadline = Instant::now() + r.window;
+        if r.config.postcopy_recovery_by_hypervisor {
+            logging::warn(format_args!("destination: post-copy recovery waits for the hypervisor's postcopy_recover"));
+            loop {
+                link.check_stop("post-copy's recovery")?;
+                if r.watch.wait_go((Instant::now() + GO_SLICE).min(deadline)) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::new(
+                        lost.kind,
+                        format!("{}; no recovery: the hypervisor did not call postcopy_recover in time", lost.message),
+                    ));
+                }
+            }
+        }
+        r.watch.set(PostcopyLink::Recovering);
         let new = loop {
             link.check_stop("post-copy's recovery")?;
             match link::reconnect(link, r.config, r.source.port, r.source.token) {
@@ -417,6 +458,7 @@ impl Puller<'_> {
         link::accept_fault_qp(link, remote)?;
         link.receive_expected(CommandType::PostcopyResume, |_| Ok(()))?;
         self.progress.recoveries.fetch_add(1, Ordering::Relaxed);
+        r.watch.set(PostcopyLink::Up);
         logging::info(format_args!("destination: post-copy's connection is back; the pull goes on"));
         Ok(())
     }

@@ -12,7 +12,7 @@ use super::postcopy::{self, Blocked};
 use super::shared::{Shared, SuppliedUserfault};
 use crate::engine::link::{self, Link};
 use crate::engine::pin::{PinAll, Pins};
-use crate::engine::postcopy::{PostcopyPhase, Recovery};
+use crate::engine::postcopy::{PostcopyLink, PostcopyPhase, Recovery};
 use crate::engine::ram::RamBlocks;
 use crate::engine::{Config, Ending};
 use crate::host::pagemap;
@@ -144,6 +144,7 @@ impl Service {
         shared.update(&state);
         drop(state);
         drop(postcopy_blocked);
+        shared.postcopy_link.set(PostcopyLink::Ended);
     }
 
     /// How the connection ended. Only the completion handshake completes a
@@ -238,7 +239,9 @@ impl Service {
             false => None,
         };
         let recovery = match (self.config.postcopy_recovery, self.recovery) {
-            (Some(window), Some(source)) => Some(Recovery { config: &self.config, window, source }),
+            (Some(window), Some(source)) => {
+                Some(Recovery { config: &self.config, window, source, watch: &self.shared.postcopy_link })
+            }
             _ => None,
         };
         let summary = postcopy::run(
@@ -251,6 +254,7 @@ impl Service {
             &mut self.postcopy_blocked,
             recovery,
             supplied,
+            self.config.postcopy_keep_blocked,
         )?;
         link::close_fault_qp(&mut self.link);
         self.link.respond(CommandType::PostcopyDone, |w| w.push(&summary))?;

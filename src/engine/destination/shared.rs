@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::postcopy::{Fetches, Progress};
+use crate::engine::postcopy::{Fetches, LinkWatch, Progress};
 use crate::engine::stats::Counters;
 use crate::engine::Ending;
 use crate::host::readiness::Readiness;
@@ -55,6 +55,9 @@ pub(super) struct Shared {
     pub postcopy: Progress,
     /// The hypervisor's page requests during post-copy (`postcopy_fetch`).
     pub fetches: Fetches,
+    /// Where post-copy's connection is (`wait_postcopy_link`), and the
+    /// hypervisor's go for a recovery (`postcopy_recover`).
+    pub postcopy_link: LinkWatch,
 }
 
 impl Shared {

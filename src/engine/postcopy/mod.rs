@@ -61,13 +61,16 @@
 //! run on zero-filled pages; SIGBUS through `UFFDIO_POISON` needs Linux 6.6.
 
 mod fetches;
+mod link_state;
 mod progress;
 mod recovery;
 mod stale;
 
 pub use crate::wire::PostcopySummary;
 pub(crate) use fetches::{Fetch, Fetches};
+pub(crate) use link_state::LinkWatch;
+pub use link_state::PostcopyLink;
 pub(crate) use progress::Progress;
 pub use progress::{PostcopyPhase, PostcopyProgress};
-pub(crate) use recovery::{recoverable, Recovery};
+pub(crate) use recovery::{recoverable, Recovery, GO_SLICE};
 pub use stale::StalePages;

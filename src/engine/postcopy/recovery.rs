@@ -3,18 +3,23 @@
 
 use std::time::Duration;
 
+use super::LinkWatch;
 use crate::engine::Config;
 use crate::wire::PostcopyRecovery;
 use crate::{Error, ErrorKind};
 
 /// How a destination's post-copy gets a lost connection back: its own
-/// config (`postcopy_recovery`, the window) and where its source listens
-/// (POSTCOPY_RECOVERY).
+/// config (`postcopy_recovery`, the window), where its source listens
+/// (POSTCOPY_RECOVERY) and what the hypervisor follows and says of it.
 pub(crate) struct Recovery<'a> {
     pub config: &'a Config,
     pub window: Duration,
     pub source: PostcopyRecovery,
+    pub watch: &'a LinkWatch,
 }
+
+/// How long a wait for the hypervisor's go for a recovery goes without looking at an abort.
+pub(crate) const GO_SLICE: Duration = Duration::from_millis(100);
 
 /// Whether a post-copy connection that failed with `e` may be got back:
 /// the transport failed or the peer went silent; not the peer's ERROR, nor

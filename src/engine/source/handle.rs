@@ -6,7 +6,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -17,7 +17,7 @@ use super::shared::Shared;
 use super::transfer::Transfer;
 use crate::engine::link::{self, Negotiated};
 use crate::engine::pin::{self, Hint, Unregistration};
-use crate::engine::postcopy::{PostcopySummary, StalePages};
+use crate::engine::postcopy::{PostcopyLink, PostcopySummary, StalePages};
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::{Counters, Stats};
 use crate::engine::sync::Done;
@@ -79,7 +79,7 @@ impl Source {
         let link = link::connect(host, port, config, ram.total_bytes(), counters.clone()).inspect_err(|e| {
             logging::error(format_args!("source: cannot connect to {host}:{port}: {e}"));
         })?;
-        let shared = Shared::new(ram.clone(), counters, event, config.max_bandwidth);
+        let shared = Shared::new(ram.clone(), counters, event, config);
         let negotiated = link.negotiated;
         logging::info(format_args!("source: connected to {host}:{port}: {negotiated}"));
         let stop = link.stop.clone();
@@ -118,8 +118,12 @@ impl Source {
     /// paths that refuse a call before it reaches either).
     #[cfg(feature = "test-support")]
     pub(crate) fn detached() -> Source {
-        let shared =
-            Shared::new(RamBlocks::new(), Arc::new(Counters::new()), Readiness::new().expect("an eventfd"), None);
+        let shared = Shared::new(
+            RamBlocks::new(),
+            Arc::new(Counters::new()),
+            Readiness::new().expect("an eventfd"),
+            &Config::default(),
+        );
         let negotiated =
             Negotiated { pin_all: false, extensions: true, authenticated: false, postcopy_recovery: false };
         Source::new(shared, None, negotiated, Arc::new(AtomicBool::new(false)), None)
@@ -326,6 +330,24 @@ impl Source {
         self.call(|done| Command::Postcopy(stale.to_vec(), slot.clone(), done))?;
         let summary = slot.lock().take();
         summary.ok_or_else(|| Error::new(ErrorKind::State, "post-copy ended without a summary"))
+    }
+
+    /// Where post-copy's connection is: waits until it is not `known` (up to
+    /// `timeout`; `None`: for ever) and returns where it is then (still
+    /// `known` if the time ran out). For a hypervisor that shows its own
+    /// states while `postcopy` runs on another thread: `Lost` (paused),
+    /// `Recovering`, `Up` again; `Ended` once the connection ended. Any
+    /// thread.
+    pub fn wait_postcopy_link(&self, known: PostcopyLink, timeout: Option<Duration>) -> PostcopyLink {
+        self.shared.postcopy_link.wait_change(known, timeout)
+    }
+
+    /// With `Config::postcopy_recovery_by_hypervisor`, after post-copy's
+    /// connection was lost (`PostcopyLink::Lost`): admit the destination's
+    /// recovery connection now (within what is left of the window). `State`
+    /// without the setting or when the link is not lost. Any thread.
+    pub fn postcopy_recover(&self) -> Result<()> {
+        self.shared.postcopy_link.recover()
     }
 
     fn check_no_postcopy(&self) -> Result<()> {

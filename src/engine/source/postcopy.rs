@@ -9,7 +9,7 @@ use crate::engine::link::Listener;
 use crate::engine::link::{self, Link};
 use crate::engine::pin::Pins;
 use crate::engine::postcopy;
-use crate::engine::postcopy::StalePages;
+use crate::engine::postcopy::{LinkWatch, PostcopyLink, StalePages, GO_SLICE};
 use crate::engine::ram::RamBlocks;
 use crate::engine::Config;
 use crate::host::RegisteredBuffer;
@@ -93,6 +93,7 @@ pub(crate) fn run(
     stale: &[StalePages],
     exposed: &mut Option<Exposed>,
     config: &Config,
+    watch: &LinkWatch,
 ) -> Result<PostcopySummary> {
     let mut blocks: Vec<Table> = Vec::new();
     for s in stale {
@@ -108,7 +109,7 @@ pub(crate) fn run(
     let Exposed { mrs, tables } = exposed.insert(Exposed::default());
     let result = (|| {
         let recovery = match config.postcopy_recovery {
-            Some(window) if link.negotiated.postcopy_recovery => Some(Recovery::offer(link, config, window)?),
+            Some(window) if link.negotiated.postcopy_recovery => Some(Recovery::offer(link, config, window, watch)?),
             _ => None,
         };
         for t in &mut blocks {
@@ -173,15 +174,18 @@ const ACCEPT_SLICE: Duration = Duration::from_millis(100);
 
 /// The source's side of post-copy recovery: the listener a lost
 /// connection's replacement comes to, and its token.
-struct Recovery {
+struct Recovery<'a> {
     listener: Listener,
     token: [u8; RECOVERY_TOKEN_LEN],
     window: Duration,
+    watch: &'a LinkWatch,
+    /// `Config::postcopy_recovery_by_hypervisor`: admit a recovery only after its go.
+    by_hypervisor: bool,
 }
 
-impl Recovery {
+impl<'a> Recovery<'a> {
     /// Opens the listener and tells the destination where it is (POSTCOPY_RECOVERY).
-    fn offer(link: &mut Link, config: &Config, window: Duration) -> Result<Recovery> {
+    fn offer(link: &mut Link, config: &Config, window: Duration, watch: &'a LinkWatch) -> Result<Recovery<'a>> {
         let listener = link::recovery_listener(link, config)?;
         let mut token = [0u8; RECOVERY_TOKEN_LEN];
         getrandom::getrandom(&mut token)
@@ -193,7 +197,7 @@ impl Recovery {
         {
             *RECOVERY_OFFER.lock() = Some((offer.port, token));
         }
-        Ok(Recovery { listener, token, window })
+        Ok(Recovery { listener, token, window, watch, by_hypervisor: config.postcopy_recovery_by_hypervisor })
     }
 
     /// POSTCOPY (`build`) and its POSTCOPY_DONE, over as many connections
@@ -212,6 +216,12 @@ impl Recovery {
         loop {
             let back = match link::response_or_request(link, heeded(&self.listener), done) {
                 Ok(Some(summary)) => return Ok(summary),
+                // The destination gave this connection up; its replacement
+                // waits for the hypervisor's go.
+                Ok(None) if self.by_hypervisor => {
+                    let lost = Error::new(ErrorKind::Disconnected, "the destination reconnected");
+                    self.take_back(link, lost)?
+                }
                 Ok(None) => match link::accept_recovery(link, &self.listener, self.token, Instant::now()) {
                     Ok(back) => {
                         logging::warn(format_args!(
@@ -245,7 +255,9 @@ impl Recovery {
             self.window
         ));
         link::abandon(link);
+        self.watch.set(PostcopyLink::Lost);
         let deadline = Instant::now() + self.window;
+        let mut go = !self.by_hypervisor;
         loop {
             // In slices, so that the hypervisor's abort is seen, and the
             // destination's disconnect (it died meanwhile).
@@ -253,6 +265,17 @@ impl Recovery {
             if link::closed_by_peer_since(link)? {
                 return Err(closed(&lost));
             }
+            if !go {
+                go = self.watch.wait_go((Instant::now() + GO_SLICE).min(deadline));
+                if !go && Instant::now() >= deadline {
+                    return Err(Error::new(
+                        lost.kind,
+                        format!("{}; no recovery: the hypervisor did not call postcopy_recover in time", lost.message),
+                    ));
+                }
+                continue;
+            }
+            self.watch.set(PostcopyLink::Recovering);
             let slice = (Instant::now() + ACCEPT_SLICE).min(deadline);
             let back = match heeded(&self.listener) {
                 Some(listener) => link::accept_recovery(link, listener, self.token, slice),
@@ -264,6 +287,7 @@ impl Recovery {
             match back {
                 Ok(back) => {
                     logging::info(format_args!("source: post-copy's connection is back"));
+                    self.watch.set(PostcopyLink::Up);
                     return Ok(back);
                 }
                 Err(e) if e.kind == ErrorKind::Timeout && slice < deadline => {}

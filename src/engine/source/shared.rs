@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::front::Front;
+use crate::engine::postcopy::LinkWatch;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
+use crate::engine::Config;
 use crate::host::readiness::Readiness;
 
 pub(super) struct Shared {
@@ -19,16 +21,20 @@ pub(super) struct Shared {
     /// Readable once the connection has failed (`Source::event_fd`): set
     /// right after `front.error`, by the transfer thread or `abort`.
     pub event: Readiness,
+    /// Where post-copy's connection is (`wait_postcopy_link`), and the
+    /// hypervisor's go for a recovery (`postcopy_recover`).
+    pub postcopy_link: LinkWatch,
 }
 
 impl Shared {
-    pub fn new(ram: RamBlocks, counters: Arc<Counters>, event: Readiness, max_bandwidth: Option<u64>) -> Arc<Shared> {
+    pub fn new(ram: RamBlocks, counters: Arc<Counters>, event: Readiness, config: &Config) -> Arc<Shared> {
         Arc::new(Shared {
             front: Front::new(ram),
             counters,
             closing: AtomicBool::new(false),
-            max_bandwidth: AtomicU64::new(max_bandwidth.unwrap_or(0)),
+            max_bandwidth: AtomicU64::new(config.max_bandwidth.unwrap_or(0)),
             event,
+            postcopy_link: LinkWatch::new(config.postcopy_recovery_by_hypervisor),
         })
     }
 }

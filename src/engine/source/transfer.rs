@@ -25,6 +25,7 @@ use super::zeros::ZeroQueue;
 use crate::bitmap::for_each_run;
 use crate::engine::link::{protocol_error as protocol, Link};
 use crate::engine::pin::{Hint, PinAll, Pins, Unregistration};
+use crate::engine::postcopy::PostcopyLink;
 use crate::engine::ram::{chunk_of, RamBlocks};
 use crate::engine::stats::Counters;
 use crate::engine::Config;
@@ -123,7 +124,7 @@ impl Transfer {
             }
         }
         // Destroy the QP, CQ and ids, then hand every registration to the worker.
-        let Transfer { link, pins, chunks, window, postcopy_exposed, .. } = self;
+        let Transfer { link, pins, chunks, window, postcopy_exposed, shared, .. } = self;
         drop(link);
         for mr in chunks.into_registrations() {
             pins.release(mr);
@@ -132,6 +133,7 @@ impl Transfer {
         if let Some(exposed) = postcopy_exposed {
             exposed.release(&pins);
         }
+        shared.postcopy_link.set(PostcopyLink::Ended);
     }
 
     fn serve(&mut self) -> Result<()> {
@@ -237,6 +239,7 @@ impl Transfer {
                     &stale,
                     &mut self.postcopy_exposed,
                     &self.config,
+                    &self.shared.postcopy_link,
                 )?;
                 *slot.lock() = Some(summary);
                 done.set(Ok(()));
