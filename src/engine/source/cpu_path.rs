@@ -15,7 +15,6 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::chunk_table::{ChunkKey, ChunkTable};
 use super::command::Command;
@@ -30,7 +29,7 @@ use crate::engine::destination::dispatch::{Dispatcher, Registrar, Reply, Step};
 use crate::engine::link::Negotiated;
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
-use crate::host::GuestRange;
+use crate::host::{pagemap, GuestRange};
 use crate::wire::{decode_message, BlockSpec, CommandType, Entry, MessageWriter, RegisterRequest, CONTROL_BUFFER_SIZE};
 use crate::{Error, ErrorKind, Result};
 
@@ -94,8 +93,12 @@ pub struct CpuPath {
 impl CpuPath {
     /// The tables of both sides for `source` and `destination` (blocks of
     /// the same names and lengths), and the RAM-blocks exchange between them.
+    /// The calling thread stands in for the transfer thread: it keeps the
+    /// pagemap open, as that thread does.
     pub fn new(source: RamBlocks, destination: RamBlocks) -> Result<CpuPath> {
-        let negotiated = Negotiated { pin_all: false, extensions: true, authenticated: false, postcopy_recovery: false };
+        pagemap::keep_open();
+        let negotiated =
+            Negotiated { pin_all: false, extensions: true, authenticated: false, postcopy_recovery: false };
         let mut path = CpuPath {
             chunks: ChunkTable::new(&source, true, false),
             ram: source,
@@ -105,7 +108,12 @@ impl CpuPath {
             window: WriteWindow::default(),
             pacer: Pacer::new(),
             seq: 0,
-            destination: Dispatcher::new(destination, negotiated, Arc::new(Counters::new()), Arc::<AtomicBool>::default()),
+            destination: Dispatcher::new(
+                destination,
+                negotiated,
+                Arc::new(Counters::new()),
+                Arc::<AtomicBool>::default(),
+            ),
             keys: Keys::default(),
             buf: vec![0; CONTROL_BUFFER_SIZE],
             posted: Posted::default(),
@@ -138,8 +146,9 @@ impl CpuPath {
                     saved?
                 }
                 Command::Bitmap { block, offset, page_size, pages, words } => {
-                    let saved =
-                        for_each_run(&words, pages, |first, n| self.save(block, offset + first * page_size, n * page_size));
+                    let saved = for_each_run(&words, pages, |first, n| {
+                        self.save(block, offset + first * page_size, n * page_size)
+                    });
                     front.recycle_words(words);
                     saved?
                 }
@@ -207,8 +216,8 @@ impl CpuPath {
     /// What `Transfer::write` does for a write to a chunk registered on both
     /// sides, the post itself handed to the sink.
     fn write(&mut self, p: Piece) -> Result<()> {
-        // No cap: the pacer's arithmetic alone, as for every write.
-        self.pacer.delay(Instant::now(), 0, p.len);
+        // No cap (`Transfer::pace`).
+        self.pacer.uncapped();
         self.window.retire(self.seq);
         debug_assert!(self.window.wait_for_room(p.len).is_none());
         let rkey = self.chunks.of(&p).remote_rkey.ok_or_else(|| Error::new(ErrorKind::State, "unregistered chunk"))?;
@@ -244,7 +253,8 @@ impl CpuPath {
         };
         self.posted.register_requests += 1;
         for (&((b, c), n), r) in registrations.iter().zip(&results) {
-            self.chunks.blocks[b as usize].remote_base = placed(&self.ram.blocks()[b as usize], "address", r.host_addr)?;
+            self.chunks.blocks[b as usize].remote_base =
+                placed(&self.ram.blocks()[b as usize], "address", r.host_addr)?;
             for c in c..c + n {
                 self.chunks.registered_remotely((b, c), r.rkey);
                 self.posted.chunks_registered += 1;

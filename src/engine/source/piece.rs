@@ -44,9 +44,10 @@ impl Merging {
     /// Merges `p` (within one chunk) into the piece it continues, or starts a
     /// new one; returns the oldest piece, to be sent, when every slot was taken.
     pub fn add(&mut self, p: Piece) -> Option<Piece> {
-        let grows = self.pending.iter_mut().find(|q| {
-            q.block == p.block && q.offset + q.len == p.offset && chunk_of(q.offset) == chunk_of(p.offset)
-        });
+        let grows = self
+            .pending
+            .iter_mut()
+            .find(|q| q.block == p.block && q.offset + q.len == p.offset && chunk_of(q.offset) == chunk_of(p.offset));
         if let Some(q) = grows {
             q.len += p.len;
             return None;
@@ -75,11 +76,10 @@ mod tests {
     #[test]
     fn saves_merge_into_pieces_within_a_chunk() {
         // 1 MiB chunks: 256 pages each.
-        assert_eq!(pieces(0, 250 * PAGE, 300 * PAGE).collect::<Vec<_>>(), [
-            piece(0, 250, 6),
-            piece(0, 256, 256),
-            piece(0, 512, 38)
-        ]);
+        assert_eq!(
+            pieces(0, 250 * PAGE, 300 * PAGE).collect::<Vec<_>>(),
+            [piece(0, 250, 6), piece(0, 256, 256), piece(0, 512, 38)]
+        );
         let mut m = Merging::new();
         let mut sent = Vec::new();
         // Two interleaved streams merge; a run reaching a chunk's end starts another piece.

@@ -331,6 +331,10 @@ impl Transfer {
     /// connection meanwhile (completions, peer events, liveness, abort).
     fn pace(&mut self, bytes: u64) -> Result<()> {
         let rate = self.shared.max_bandwidth.load(Ordering::Relaxed);
+        if rate == 0 {
+            self.pacer.uncapped();
+            return Ok(());
+        }
         let now = Instant::now();
         let until = now + self.pacer.delay(now, rate, bytes);
         if until > now {
