@@ -13,6 +13,7 @@
 //!     (`save_bitmap`) and from the same pages as ranges (`save_ranges`),
 //!     1, 10 and 100 % dirty, at random and clustered, beside a plain
 //!     popcount of the bitmap.
+//!
 //! scale: RAM blocks of 1, 2 and 4 TiB (reserved, never touched), on both
 //!   sides: the tables built (time, the library's heap), every chunk
 //!   registered (time, heap), then 1 % of the pages dirty (at random) saved
