@@ -30,6 +30,9 @@
 #                        Linux guest, median of 3 guest boots (scripts/bench-qemu.sh)
 #   make bench-demo      the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
+#   make bench-native    the library's CPU cost per GiB and its tables at 1, 2, 4 TiB, on the host
+#                        (no RDMA device, no guest; examples/native_bench.rs, scripts/bench-native.py),
+#                        plots into docs/ (BENCH_NATIVE_ARGS, e.g. BENCH_NATIVE_ARGS=--quick)
 #
 # The shared library is linked here from the staticlib, with the version script
 # capi/abi/rdmamig.map and SONAME librdmamig.so.$(MAJOR): rustc gives cdylibs its own
@@ -96,7 +99,7 @@ MINIMAL_SRCS    := $(wildcard examples/c/minimal/*.c)
 MINIMAL_BINS    := $(patsubst examples/c/minimal/%.c,$(CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 VG_MINIMAL_BINS := $(patsubst examples/c/minimal/%.c,$(VG_CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister clean FORCE
+.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister bench-native clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -235,6 +238,13 @@ bench-demo: all $(BENCH_DEMO)
 # three boots, medians (scripts/bench-unregister.sh; BENCH_BOOTS, RXE_VM_MEM).
 bench-unregister:
 	bash scripts/bench-unregister.sh --mib 1024
+
+# The native benchmark: both sides' CPU path per core beside a plain memory
+# read and a bitmap popcount, and the tables of 1, 2 and 4 TiB guests (time,
+# the library's heap); medians of three runs, docs/native-*.svg
+# (docs/benchmarks.md, "Native CPU cost and scale"). Host only.
+bench-native:
+	python3 scripts/bench-native.py $(BENCH_NATIVE_ARGS)
 
 $(BENCH_DEMO): capi/c-tests/rdma_test_demo.c capi/include/rdmamig.h $(SHLIB) $(LIBOUT)/librdmamig.so Makefile
 	@mkdir -p $(dir $@)

@@ -83,6 +83,8 @@ step "install + pkg-config + meson" bash scripts/check-install.sh
 step "C API docs (Doxygen)" bash scripts/docs.sh
 step "debian packages" bash scripts/deb.sh --check
 step "fuzz (10 s per target)" bash scripts/fuzz.sh ci
+# That the native benchmark runs (small sizes, no timing checked; host only).
+step "native benchmark (quick)" python3 scripts/bench-native.py --quick
 if [[ -n "${TEST_SKIP_RDMA_SUITE:-}" ]]; then
     skip "rxe-vm harness tests" "TEST_SKIP_RDMA_SUITE is set"
     skip "RDMA suite (rxe guest)" "TEST_SKIP_RDMA_SUITE is set: this run did NOT test RDMA"

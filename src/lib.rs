@@ -75,12 +75,15 @@ pub mod fuzzing {
     pub use crate::host::GuestRange;
 }
 
-/// What the save-path benchmark (`examples/save_path.rs`) drives directly,
-/// without a connection: the source's queueing front end and each zero
-/// scan. Not part of the API: only built with the `bench-internals` feature.
+/// What the host benchmarks (`examples/save_path.rs`,
+/// `examples/native_bench.rs`) drive directly, without a connection: the
+/// source's queueing front end, both sides' CPU path for saved RAM, and
+/// each zero scan. Not part of the API: only built with the
+/// `bench-internals` feature.
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench_internals {
+    pub use crate::engine::source::cpu_path::{CpuPath, Posted};
     pub use crate::engine::source::front::Front;
     pub use crate::host::zero::{supported as zero_scans, Scan, Variant};
 }

@@ -7,6 +7,8 @@
 
 mod chunk_table;
 mod command;
+#[cfg(feature = "bench-internals")]
+pub(crate) mod cpu_path;
 pub(crate) mod front;
 mod handle;
 mod pacing;

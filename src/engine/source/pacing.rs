@@ -5,13 +5,21 @@
 use std::time::{Duration, Instant};
 
 pub(super) struct Pacer {
-    /// When the bytes let through so far are paid for at the cap.
-    due: Instant,
+    /// When the bytes let through so far are paid for at the cap; `None`
+    /// since bytes went uncapped (nothing owed).
+    due: Option<Instant>,
 }
 
 impl Pacer {
     pub fn new() -> Pacer {
-        Pacer { due: Instant::now() }
+        Pacer { due: None }
+    }
+
+    /// Bytes went with no cap: nothing is owed. (No clock read: this runs
+    /// for every write, and a clock read was a tenth of the source's CPU
+    /// path per write; docs/benchmarks.md.)
+    pub fn uncapped(&mut self) {
+        self.due = None;
     }
 
     /// How long after `now` to wait before `bytes` more may go at `rate`
@@ -19,11 +27,11 @@ impl Pacer {
     /// spent idle earns no burst.
     pub fn delay(&mut self, now: Instant, rate: u64, bytes: u64) -> Duration {
         if rate == 0 {
-            self.due = now;
+            self.uncapped();
             return Duration::ZERO;
         }
-        let start = self.due.max(now);
-        self.due = start + Duration::from_secs_f64(bytes as f64 / rate as f64);
+        let start = self.due.map_or(now, |due| due.max(now));
+        self.due = Some(start + Duration::from_secs_f64(bytes as f64 / rate as f64));
         start - now
     }
 }
@@ -36,7 +44,7 @@ mod tests {
     fn bytes_are_spaced_at_the_rate_and_idle_time_earns_nothing() {
         let ms = Duration::from_millis;
         let t0 = Instant::now();
-        let mut p = Pacer { due: t0 };
+        let mut p = Pacer::new();
         assert_eq!(p.delay(t0, 1000, 500), Duration::ZERO, "the first bytes go at once");
         assert_eq!(p.delay(t0, 1000, 500), ms(500));
         assert_eq!(p.delay(t0 + ms(100), 1000, 1), ms(900), "waits out what was sent before");

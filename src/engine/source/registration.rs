@@ -6,7 +6,9 @@
 
 use super::chunk_table::{ChunkKey, ChunkTable};
 use super::piece::Piece;
-use crate::engine::ram::RamBlock;
+use super::sparse::{self, Part};
+use super::zeros::ZeroQueue;
+use crate::engine::ram::{chunk_of, RamBlock};
 use crate::{Error, ErrorKind, Result};
 
 /// Chunks per REGISTER_REQUEST toward an rdmamig peer (one registration
@@ -36,7 +38,61 @@ pub(super) struct Registrations {
     pub deferred: Vec<Piece>,
 }
 
+/// Where a merged piece goes under dynamic registration (`Registrations::route`).
+pub(super) enum Route {
+    /// Its chunk is registered on the destination: write it.
+    Write,
+    /// Held among the deferred writes until its chunk's registration, already asked for.
+    Held,
+    /// Its chunk's first touch: the piece's zero ranges went into the zero
+    /// queue; its data, if any (`registers`), among the deferred writes, and
+    /// the chunk into `to_register`.
+    FirstTouch { registers: bool },
+}
+
 impl Registrations {
+    /// Routes piece `p` of `block` by its chunk's state; at the chunk's
+    /// first touch splits it (`sparse::split`): zero runs need no
+    /// registration (and holes are not read).
+    pub fn route(
+        &mut self,
+        chunks: &mut ChunkTable,
+        zeros: &mut ZeroQueue,
+        block: &RamBlock,
+        p: Piece,
+        extensions: bool,
+    ) -> Route {
+        let state = chunks.of(&p);
+        if state.remote_rkey.is_some() {
+            return Route::Write;
+        }
+        if state.awaiting {
+            self.deferred.push(p);
+            return Route::Held;
+        }
+        let dest_offset = chunks.blocks[p.block as usize].dest_offset;
+        let mut registers = false;
+        for part in sparse::split(block, p, extensions) {
+            match part {
+                Part::Zero { offset, len } => zeros.push(p.block, dest_offset + offset, len),
+                Part::Data(d) => {
+                    registers = true;
+                    self.deferred.push(d);
+                }
+            }
+        }
+        if registers {
+            self.awaits(chunks, (p.block, chunk_of(p.offset)));
+        }
+        Route::FirstTouch { registers }
+    }
+
+    /// Chunk `key` is to be registered on the destination before its deferred writes go.
+    pub fn awaits(&mut self, chunks: &mut ChunkTable, key: ChunkKey) {
+        chunks.chunk(key).awaiting = true;
+        self.to_register.push(key);
+    }
+
     /// Takes the registrations of the next REGISTER_REQUEST off
     /// `to_register`, as (first chunk, chunks). Toward an rdmamig peer
     /// (`extensions`), one chunk each (each is unpinned on its own), up to

@@ -14,11 +14,10 @@ use std::time::Instant;
 use super::chunk_table::{ChunkKey, ChunkTable, Room};
 use super::command::Command;
 use super::pacing::Pacer;
-use super::piece::Piece;
+use super::piece::{pieces, Merging, Piece};
 use super::postcopy;
-use super::registration::{placed, Registrations, REGISTER_BATCH, RUN_AHEAD};
+use super::registration::{placed, Registrations, Route, REGISTER_BATCH, RUN_AHEAD};
 use super::shared::Shared;
-use super::sparse::{self, Part};
 use super::staging::Staging;
 use super::write_window::{Wait, WriteWindow};
 use super::zeros::ZeroQueue;
@@ -37,8 +36,6 @@ use crate::wire::{
 };
 use crate::{Error, ErrorKind, Result};
 
-/// Ranges being merged at once: saves from several hypervisor threads interleave.
-const MERGE_SLOTS: usize = 4;
 /// Staging ring size at most (a quarter of a smaller pin budget, at least a chunk).
 const STAGING: u64 = 8 << 20;
 
@@ -52,8 +49,8 @@ pub(super) struct Transfer {
     pin_all: Option<PinAll>,
     /// The chunks and their registrations on both sides.
     chunks: ChunkTable,
-    /// Ranges still growing by merging with the next saves, oldest first.
-    pending: Vec<Piece>,
+    /// Pieces still growing by merging with the next saves.
+    merging: Merging,
     /// Zero ranges for the next COMPRESS messages.
     zeros: ZeroQueue,
     /// Chunks asked of the destination, and the writes waiting for them.
@@ -81,7 +78,7 @@ impl Transfer {
             blocks_exchanged: false,
             pins,
             pin_all: None,
-            pending: Vec::with_capacity(MERGE_SLOTS),
+            merging: Merging::new(),
             zeros: ZeroQueue::new(extensions),
             registrations: Registrations::default(),
             window: WriteWindow::default(),
@@ -258,32 +255,18 @@ impl Transfer {
         }
     }
 
-    fn save(&mut self, block: u32, mut offset: u64, len: u64) -> Result<()> {
-        let end = offset + len;
-        while offset < end {
-            // Pieces end at chunk boundaries: a piece grows only within its chunk.
-            let piece_end = ((offset / CHUNK_SIZE + 1) * CHUNK_SIZE).min(end);
-            let grows = self
-                .pending
-                .iter_mut()
-                .find(|p| p.block == block && p.offset + p.len == offset && chunk_of(p.offset) == chunk_of(offset));
-            if let Some(p) = grows {
-                p.len = piece_end - p.offset;
-            } else {
-                if self.pending.len() == MERGE_SLOTS {
-                    let oldest = self.pending.remove(0);
-                    self.send_piece(oldest)?;
-                }
-                self.pending.push(Piece { block, offset, len: piece_end - offset });
+    fn save(&mut self, block: u32, offset: u64, len: u64) -> Result<()> {
+        for p in pieces(block, offset, len) {
+            if let Some(oldest) = self.merging.add(p) {
+                self.send_piece(oldest)?;
             }
-            offset = piece_end;
         }
         Ok(())
     }
 
     /// Sends every range still merging.
     fn flush_pending(&mut self) -> Result<()> {
-        for p in std::mem::take(&mut self.pending) {
+        for p in self.merging.take() {
             self.send_piece(p)?;
         }
         Ok(())
@@ -294,40 +277,25 @@ impl Transfer {
         if self.link.negotiated.pin_all {
             return self.write(p);
         }
-        let chunk = chunk_of(p.offset);
-        let dest_offset = self.chunks.blocks[p.block as usize].dest_offset;
-        let state = self.chunks.of(&p);
-        if state.remote_rkey.is_some() {
-            return self.write(p);
-        }
-        if state.awaiting {
-            self.registrations.deferred.push(p);
-            return Ok(());
-        }
-        // First touch of an unregistered chunk: zero runs need no registration (and holes are not read).
-        let mut data = false;
         let block = &self.ram.blocks()[p.block as usize];
-        for part in sparse::split(block, p, self.link.negotiated.extensions) {
-            match part {
-                Part::Zero { offset, len } => self.queue_zero(p.block, dest_offset + offset, len)?,
-                Part::Data(d) => {
-                    data = true;
-                    self.registrations.deferred.push(d);
+        let extensions = self.link.negotiated.extensions;
+        match self.registrations.route(&mut self.chunks, &mut self.zeros, block, p, extensions) {
+            Route::Write => self.write(p),
+            Route::Held => Ok(()),
+            Route::FirstTouch { registers } => {
+                self.zeros_queued()?;
+                let waiting = self.registrations.to_register.len();
+                if !registers {
+                    Ok(())
+                } else if !self.link.request_pending() && waiting >= self.registrations.ahead(self.register_batch()) {
+                    self.begin_registration()
+                } else if waiting >= RUN_AHEAD {
+                    self.poll_registration(true).map(drop)
+                } else {
+                    Ok(())
                 }
             }
         }
-        if !data {
-            return Ok(());
-        }
-        self.chunks.of(&p).awaiting = true;
-        self.registrations.to_register.push((p.block, chunk));
-        let waiting = self.registrations.to_register.len();
-        if !self.link.request_pending() && waiting >= self.registrations.ahead(self.register_batch()) {
-            self.begin_registration()?;
-        } else if waiting >= RUN_AHEAD {
-            self.poll_registration(true)?;
-        }
-        Ok(())
     }
 
     /// Posts one RDMA WRITE, registering the local chunk if needed (or
@@ -366,6 +334,10 @@ impl Transfer {
     /// connection meanwhile (completions, peer events, liveness, abort).
     fn pace(&mut self, bytes: u64) -> Result<()> {
         let rate = self.shared.max_bandwidth.load(Ordering::Relaxed);
+        if rate == 0 {
+            self.pacer.uncapped();
+            return Ok(());
+        }
         let now = Instant::now();
         let until = now + self.pacer.delay(now, rate, bytes);
         if until > now {
@@ -628,12 +600,11 @@ impl Transfer {
         Ok(())
     }
 
-    /// Adds a zero range (`offset` in the destination's RAM address space) to
-    /// the next COMPRESS. Sent before any write of its chunk: once a message
-    /// is full, or (while a REGISTER response is still to come and the
-    /// control channel is busy) before the next request.
-    fn queue_zero(&mut self, block: u32, offset: u64, len: u64) -> Result<()> {
-        self.zeros.push(block, offset, len);
+    /// Sends the zero ranges queued for COMPRESS (each before any write of
+    /// its chunk) once a message is full, unless a REGISTER response is still
+    /// to come and the control channel is busy (then before the next request),
+    /// or once `RUN_AHEAD` are queued.
+    fn zeros_queued(&mut self) -> Result<()> {
         let full = self.zeros.len() >= self.zeros.batch();
         if full && !self.link.request_pending() || self.zeros.len() >= RUN_AHEAD {
             self.send_zeros()?;
