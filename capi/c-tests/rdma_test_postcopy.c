@@ -249,6 +249,15 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
         EXPECT(pthread_create(&v[i].thread, NULL, vcpu_run, &v[i]) == 0);
         started++;
     }
+    /* The link is up; its recovery is the library's own (no recovery_by_hypervisor). */
+    rdmamig_postcopy_link link = RDMAMIG_POSTCOPY_LINK_LOST;
+    EXPECT_STATUS(rdmamig_conn_wait_postcopy_link(conn, RDMAMIG_POSTCOPY_LINK_UP, RDMAMIG_NO_WAIT, &link),
+                  RDMAMIG_ERR_WOULD_BLOCK);
+    EXPECT(link == RDMAMIG_POSTCOPY_LINK_UP);
+    EXPECT_STATUS(rdmamig_conn_wait_postcopy_link(conn, 7, RDMAMIG_NO_WAIT, &link), RDMAMIG_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(rdmamig_conn_wait_postcopy_link(conn, RDMAMIG_POSTCOPY_LINK_UP, 0, NULL),
+                  RDMAMIG_ERR_NULL_PARAMETER);
+    EXPECT_STATUS(rdmamig_conn_postcopy_recover(conn), RDMAMIG_ERR_STATE);
     /* Progress from another thread meanwhile: never blocks, always consistent. */
     rdmamig_postcopy_progress mid = {.size = sizeof mid};
     TRY(conn, rdmamig_conn_postcopy_progress(conn, &mid));
@@ -281,6 +290,9 @@ static int destination(unsigned mib, unsigned vcpus, int port_fd) {
     EXPECT(end.bytes_pulled >= (stale - end.pages_skipped) * PAGE);
     TRY(conn, rdmamig_conn_wait_postcopy(conn, RDMAMIG_POSTCOPY_DONE, RDMAMIG_NO_WAIT, NULL));
     EXPECT_STATUS(rdmamig_conn_wait_end(conn, SETUP_TIMEOUT_MS), RDMAMIG_END_COMPLETED);
+    /* The connection ended, never lost: up, then ended. */
+    TRY(conn, rdmamig_conn_wait_postcopy_link(conn, RDMAMIG_POSTCOPY_LINK_UP, SETUP_TIMEOUT_MS, &link));
+    EXPECT(link == RDMAMIG_POSTCOPY_LINK_ENDED);
 
     /* Byte for byte: the source's final memory + this side's writes (each page one vCPU's, in order). */
     for (unsigned i = 0; i < vcpus; i++)

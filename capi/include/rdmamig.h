@@ -298,8 +298,8 @@ enum rdmamig_postcopy_link
   RDMAMIG_POSTCOPY_LINK_RECOVERING = 2,
   /**
    * The connection ended: post-copy done, or the connection failed (the
-   * other calls say how; with no recovery, or once the window ran out, a
-   * loss ends here without `RDMAMIG_POSTCOPY_LINK_LOST`). Final.
+   * other calls say how; without recovery a loss ends here at once, not
+   * in `RDMAMIG_POSTCOPY_LINK_LOST`). Final.
    */
   RDMAMIG_POSTCOPY_LINK_ENDED = 3,
 };
@@ -2142,7 +2142,9 @@ rdmamig_status rdmamig_conn_postcopy(struct rdmamig_conn *conn,
  * blocked on a missing page, or one touching guest RAM later, gets SIGSEGV
  * at that address (under KVM, `KVM_RUN` fails with `EFAULT`) instead of
  * blocking for ever; pages already present keep their content. The release
- * is complete once `rdmamig_conn_close` returns. Stop the vCPUs.
+ * is complete once `rdmamig_conn_close` returns. Stop the vCPUs. With
+ * `rdmamig_config_set_postcopy_keep_blocked` nothing is released: threads
+ * on a missing page stay blocked (see there).
  *
  * Thread safety: may run concurrently with other `const` uses of `conn`,
  * from any thread.

@@ -250,7 +250,9 @@ pub extern "C" fn rdmamig_conn_postcopy(
 /// blocked on a missing page, or one touching guest RAM later, gets SIGSEGV
 /// at that address (under KVM, `KVM_RUN` fails with `EFAULT`) instead of
 /// blocking for ever; pages already present keep their content. The release
-/// is complete once `rdmamig_conn_close` returns. Stop the vCPUs.
+/// is complete once `rdmamig_conn_close` returns. Stop the vCPUs. With
+/// `rdmamig_config_set_postcopy_keep_blocked` nothing is released: threads
+/// on a missing page stay blocked (see there).
 ///
 /// Thread safety: may run concurrently with other `const` uses of `conn`,
 /// from any thread.

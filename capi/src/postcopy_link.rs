@@ -31,8 +31,8 @@ pub enum rdmamig_postcopy_link {
     /// QEMU's "postcopy-recover".
     RDMAMIG_POSTCOPY_LINK_RECOVERING = 2,
     /// The connection ended: post-copy done, or the connection failed (the
-    /// other calls say how; with no recovery, or once the window ran out, a
-    /// loss ends here without `RDMAMIG_POSTCOPY_LINK_LOST`). Final.
+    /// other calls say how; without recovery a loss ends here at once, not
+    /// in `RDMAMIG_POSTCOPY_LINK_LOST`). Final.
     RDMAMIG_POSTCOPY_LINK_ENDED = 3,
 }
 

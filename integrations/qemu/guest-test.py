@@ -22,7 +22,7 @@ through RAM is done (a 1 ms downtime limit keeps pre-copy from converging
 first); the destination's guest must pass its check twice, the source must
 report the pages the destination pulled (postcopy-bytes), and the total
 time and the destination's post-copy figures (postcopy-blocktime on) are
-printed.  Then two failures:
+printed.  Then the failures:
 
   - a source with another key than the destination's: refused before any
     RAM moves (query-migrate failed, with the library's message in its
@@ -32,7 +32,13 @@ printed.  Then two failures:
   - the destination killed in post-copy once it runs the guest (a new
     guest, switched to post-copy as soon as the migration is active, so
     that most of its RAM is still on the source): the source fails the
-    migration and does not run its guest again.
+    migration and does not run its guest again;
+  - the source killed in post-copy the same way: the destination fails the
+    migration saying how many pages are missing, stays up, and its guest
+    never runs on a missing page (its check never reports corruption);
+  - the link cut in post-copy the same way (over a second rxe link in this
+    guest, a veth pair, see Wire): both sides go postcopy-paused, and
+    migrate-recover and migrate resume=true recover it once it is back.
 
 Exits 0 only if every step held.  RDMAMIG_LIBDIR must name the directory of
 librdmamig.so.0 for the patched QEMU.
@@ -77,6 +83,7 @@ BENCH_CHAIN = [  # (label or None: not measured, source, destination, transport,
     ("patched rdma pin-all", "patched", "patched", "rdma", True),
 ]
 MIGRATE_TIMEOUT = 300
+QMP_TIMEOUT = 60
 PASS_TIMEOUT = 300
 POSTCOPY_PIN_ALL = (False, True)
 
@@ -96,6 +103,8 @@ class Qmp:
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"no QMP socket {path}")
+        # A QEMU whose main loop hangs fails the step rather than the run.
+        self.sock.settimeout(QMP_TIMEOUT)
         self.file = self.sock.makefile("rw")
         json.loads(self.file.readline())
         self.cmd("qmp_capabilities")
@@ -354,15 +363,18 @@ def killed_source(env, src):
         + " | ".join(tail))
 
 
-def killed_postcopy_destination(env):
-    what = "patched -> patched, destination killed in post-copy"
+def start_postcopy_at_once(env, what, uri=None):
+    """A new guest migrated patched -> patched, switched to post-copy as soon
+    as the migration is active (most of its RAM still on the source);
+    returns (source, destination) once the destination runs it."""
     src = Vm(env, "patched")
     dst = Vm(env, "patched", incoming=True)
     for vm in (src, dst):
         vm.qmp.ok("migrate-set-capabilities",
                   capabilities=[{"capability": "postcopy-ram", "state": True}])
-    uri = env.uri()
-    dst.qmp.ok("migrate-incoming", uri=uri)
+    uri = uri or env.uri()
+    # The destination stays up after a failure, to answer query-migrate.
+    dst.qmp.ok("migrate-incoming", uri=uri, **{"exit-on-error": False})
     src.qmp.ok("migrate", uri=uri)
     src.qmp.ok("migrate-start-postcopy")
     # Running, the destination has the guest: the source must never again.
@@ -372,6 +384,12 @@ def killed_postcopy_destination(env):
         if status not in ("setup", "active", "device", "postcopy-active") or time.time() - t0 > MIGRATE_TIMEOUT:
             raise RuntimeError(f"{what}: the destination does not run (source {status})")
         time.sleep(0.05)
+    return src, dst
+
+
+def killed_postcopy_destination(env):
+    what = "patched -> patched, destination killed in post-copy"
+    src, dst = start_postcopy_at_once(env, what)
     dst.proc.kill()
     dst.proc.wait()
     info = wait_migration(src)
@@ -384,6 +402,115 @@ def killed_postcopy_destination(env):
     src.quit()
     log(f"guest-test: PASS {what}: the source failed ({info.get('error-desc')!r}) "
         f"and its guest stays stopped ({state})")
+
+
+def killed_postcopy_source(env):
+    """The source dies while the destination's guest runs on pages still
+    missing: the destination fails the migration, says how many pages are
+    missing, stays up, and its guest never runs on a missing page (its
+    vCPUs wait on them: its check never reports corrupt memory)."""
+    what = "patched -> patched, source killed in post-copy"
+    src, dst = start_postcopy_at_once(env, what)
+    src.proc.kill()
+    src.proc.wait()
+    info = wait_migration(dst, 60)
+    missing = re.search(r"(\d+) pages missing", info.get("error-desc", ""))
+    if info["status"] != "failed" or not missing or int(missing.group(1)) == 0:
+        raise RuntimeError(f"{what}: expected the destination to fail with pages missing: {info}")
+    before = dst.passes()
+    time.sleep(10)
+    ok, corrupt = dst.passes()
+    if corrupt or dst.proc.poll() is not None:
+        raise RuntimeError(f"{what}: the destination's guest ran on missing pages ({corrupt}) "
+                           f"or QEMU ended ({dst.proc.poll()})")
+    state = dst.qmp.ok("query-status")["status"]
+    dst.proc.kill()
+    dst.proc.wait()
+    log(f"guest-test: PASS {what}: the destination failed ({info['error-desc']!r}) and stays up ({state}); "
+        f"its guest checked its memory {before[0]} times before the failure was reported and {ok} after 10 s "
+        "more, never corrupt (vCPUs on a missing page wait)")
+
+
+class Wire:
+    """A second rxe link in this guest that can be cut: a veth pair, rxe
+    devices rxea (198.18.1.1, vetha) and rxeb (198.18.1.2, vethb), and
+    routing rules so that traffic between the two addresses crosses the
+    pair instead of the local loopback (rdma_cm checks the route back to
+    the peer through the device a request came in on)."""
+    SOURCE, DESTINATION = "198.18.1.1", "198.18.1.2"
+
+    def __init__(self):
+        a, b = self.SOURCE, self.DESTINATION
+        cmds = ["ip link add vetha type veth peer name vethb",
+                f"ip addr add {a}/32 dev vetha", f"ip addr add {b}/32 dev vethb"]
+        cmds += [f"sysctl -qw net.ipv4.conf.{d}.accept_local=1 net.ipv4.conf.{d}.rp_filter=0"
+                 for d in ("vetha", "vethb", "all", "default")]
+        cmds += ["ip link set vetha up", "ip link set vethb up",
+                 f"ip route add {b} dev vetha src {a} table 100",
+                 f"ip route add {a} dev vethb src {b} table 101",
+                 f"ip rule add pref 10 from {a} to {b} oif vetha lookup 100",
+                 f"ip rule add pref 11 from {b} to {a} oif vethb lookup 101",
+                 f"ip rule add pref 12 to {b} iif lo lookup 100",
+                 f"ip rule add pref 13 to {a} iif lo lookup 101",
+                 "ip rule del pref 0 lookup local", "ip rule add pref 100 lookup local",
+                 "rdma link add rxea type rxe netdev vetha", "rdma link add rxeb type rxe netdev vethb"]
+        for c in cmds:
+            subprocess.run(c.split(), check=True)
+
+    def cut(self, lost):
+        """Drops every packet both ways (lost), or none."""
+        for d in ("vetha", "vethb"):
+            op = "add dev {} root netem loss 100%" if lost else "del dev {} root"
+            subprocess.run(["tc", "qdisc", *op.format(d).split()], check=True)
+
+
+def wait_status(vm, wanted, what, timeout=60):
+    t0 = time.time()
+    while True:
+        info = vm.qmp.ok("query-migrate")
+        if info.get("status") == wanted:
+            return info
+        if info.get("status") in ("completed", "failed", "cancelled") or time.time() - t0 > timeout:
+            raise RuntimeError(f"{what}: {vm.name} is {info.get('status')}, not {wanted}: {info}")
+        time.sleep(0.1)
+
+
+def postcopy_link_loss_recovered(env):
+    """The link is cut while the destination's guest runs in post-copy: both
+    sides go postcopy-paused; with the link back, QEMU's own commands
+    (migrate-recover on the destination, migrate resume=true on the source)
+    recover it: postcopy-recover, postcopy-active, completed, and the guest
+    checks its memory on the destination."""
+    what = "patched -> patched, link lost in post-copy, recovered"
+    wire = Wire()
+    uri = f"rdma:{wire.DESTINATION}:{env.port + 100}"
+    src, dst = start_postcopy_at_once(env, what, uri)
+    wire.cut(True)
+    log(f"guest-test: {what}: the destination runs; link cut")
+    t0 = time.time()
+    for vm in (dst, src):
+        wait_status(vm, "postcopy-paused", what)
+    paused = time.time() - t0
+    # Recovery waits for QEMU's commands, not for the link.
+    time.sleep(2)
+    wire.cut(False)
+    for vm in (dst, src):
+        wait_status(vm, "postcopy-paused", what, 0)
+    log(f"guest-test: {what}: both paused after {paused:.1f} s; link back, recovering")
+    dst.qmp.ok("migrate-recover", uri=uri)
+    if dst.qmp.ok("query-migrate")["status"] != "postcopy-recover":
+        raise RuntimeError(f"{what}: migrate-recover did not make the destination postcopy-recover")
+    src.qmp.ok("migrate", uri=uri, resume=True)
+    for vm in (src, dst):
+        info = wait_migration(vm)
+        if info["status"] != "completed":
+            raise RuntimeError(f"{what}: {vm.name}: {info['status']}: {info.get('error-desc')}")
+    src.quit()
+    dst.wait_passes(dst.passes()[0] + 2)
+    dst.quit()
+    log(f"guest-test: PASS {what}: both sides postcopy-paused {paused:.1f} s after the cut, "
+        "recovered by migrate-recover and migrate resume=true, completed; the guest checked its memory "
+        "twice on the destination")
 
 
 def ib_write_bw(env):
@@ -466,6 +593,8 @@ def main():
         wrong_key(env, vm)
         killed_source(env, vm)
         killed_postcopy_destination(env)
+        killed_postcopy_source(env)
+        postcopy_link_loss_recovered(env)
     except Exception as e:  # noqa: BLE001 -- reported, then the logs
         log(f"guest-test: FAIL {e}")
         for name in sorted(os.listdir(env.dir)):
