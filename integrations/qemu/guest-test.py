@@ -94,6 +94,7 @@ def log(msg):
 
 class Qmp:
     def __init__(self, path):
+        self.path = path
         self.sock = socket.socket(socket.AF_UNIX)
         for _ in range(300):
             try:
@@ -113,7 +114,11 @@ class Qmp:
         self.file.write(json.dumps({"execute": name, "arguments": args}) + "\n")
         self.file.flush()
         while True:
-            reply = json.loads(self.file.readline())
+            try:
+                line = self.file.readline()
+            except TimeoutError:
+                raise RuntimeError(f"{self.path}: no answer to {name} within {QMP_TIMEOUT} s") from None
+            reply = json.loads(line)
             if "event" not in reply:
                 return reply
 
