@@ -22,7 +22,10 @@ through RAM is done (a 1 ms downtime limit keeps pre-copy from converging
 first); the destination's guest must pass its check twice, the source must
 report the pages the destination pulled (postcopy-bytes), and the total
 time and the destination's post-copy figures (postcopy-blocktime on) are
-printed.  Then the failures:
+printed.  Then what post-copy with rdma refuses (postcopy-preempt,
+release-ram, return-path on the source; postcopy-ram set after
+migrate-incoming on the destination), each with its message.  Then the
+failures:
 
   - a source with another key than the destination's: refused before any
     RAM moves (query-migrate failed, with the library's message in its
@@ -314,6 +317,38 @@ def postcopy(env, src, pin_all):
     return dst
 
 
+def refusals(env, vm):
+    """What post-copy with rdma refuses, each with its message, on VM (a
+    running patched source, left as it was) and on a patched destination."""
+    def refused(target, expected, command, **args):
+        error = target.qmp.cmd(command, **args).get("error", {}).get("desc", "")
+        if expected not in error:
+            raise RuntimeError(f"{command} {args}: expected a refusal with {expected!r}, got {error!r}")
+        return error
+
+    def caps(target, names, state):
+        target.qmp.ok("migrate-set-capabilities",
+                      capabilities=[{"capability": c, "state": state} for c in names])
+
+    seen = []
+    # postcopy-preempt meets QEMU's own refusal first (rdma: is one channel).
+    for extra, expected in ((["postcopy-preempt"], "Migration requires multi-channel URIs"),
+                            (["release-ram"], "RDMA and release-ram can't be used together"),
+                            (["return-path"], "RDMA: a librdmamig source opens no return path")):
+        caps(vm, ["postcopy-ram"] + extra, True)
+        seen.append(refused(vm, expected, "migrate", uri=env.uri()))
+        caps(vm, ["postcopy-ram"] + extra, False)
+    dst = Vm(env, "patched", incoming=True)
+    dst.qmp.ok("migrate-incoming", uri=env.uri())
+    seen.append(refused(dst, "RDMA: postcopy-ram must be set before migrate-incoming",
+                        "migrate-set-capabilities", capabilities=[{"capability": "postcopy-ram", "state": True}]))
+    dst.proc.kill()
+    dst.proc.wait()
+    if vm.qmp.ok("query-status")["status"] != "running":
+        raise RuntimeError("the source's guest stopped after the refusals")
+    log("guest-test: PASS refusals of post-copy with rdma: " + " | ".join(seen))
+
+
 def wrong_key(env, src):
     what = f"{src.variant} -> patched with another key"
     dst = Vm(env, "patched", incoming=True)
@@ -595,6 +630,7 @@ def main():
         vm.qmp.ok("migrate-set-capabilities",
                   capabilities=[{"capability": c, "state": False}
                                 for c in ("postcopy-ram", "postcopy-blocktime")])
+        refusals(env, vm)
         wrong_key(env, vm)
         killed_source(env, vm)
         killed_postcopy_destination(env)
