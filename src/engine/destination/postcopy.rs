@@ -25,7 +25,7 @@ use crate::bitmap::{self, next_clear, next_set};
 use crate::engine::link::{self, protocol_error, Link};
 use crate::engine::pin::{PinnedBuffer, Pins};
 use crate::engine::postcopy;
-use crate::engine::postcopy::{Fetch, Fetches, PostcopyLink, PostcopyPhase, Progress, Recovery, GO_SLICE};
+use crate::engine::postcopy::{Fetch, Fetches, PostcopyLink, PostcopyPhase, Progress, Recovery};
 use crate::host::pagemap::page_size;
 use crate::host::uffd::{Installed, Userfault};
 use crate::host::wake::{self, EventFd};
@@ -420,18 +420,7 @@ impl Puller<'_> {
         let deadline = Instant::now() + r.window;
         if r.config.postcopy_recovery_by_hypervisor {
             logging::warn(format_args!("destination: post-copy recovery waits for the hypervisor's postcopy_recover"));
-            loop {
-                link.check_stop("post-copy's recovery")?;
-                if r.watch.wait_go((Instant::now() + GO_SLICE).min(deadline)) {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(Error::new(
-                        lost.kind,
-                        format!("{}; no recovery: the hypervisor did not call postcopy_recover in time", lost.message),
-                    ));
-                }
-            }
+            r.watch.await_go(deadline, &lost, || link.check_stop("post-copy's recovery"))?;
         }
         r.watch.set(PostcopyLink::Recovering);
         let new = loop {

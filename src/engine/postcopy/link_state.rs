@@ -8,6 +8,9 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::{Error, ErrorKind, Result};
 
+/// How long a wait for the hypervisor's go goes without looking at an abort.
+const GO_SLICE: Duration = Duration::from_millis(100);
+
 /// Where post-copy's connection is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PostcopyLink {
@@ -103,9 +106,27 @@ impl LinkWatch {
         }
     }
 
-    /// The post-copy thread, with the link lost: waits until `until` for
-    /// the hypervisor's go; whether it came.
-    pub fn wait_go(&self, until: Instant) -> bool {
+    /// The post-copy thread, with the link `lost`: waits for the
+    /// hypervisor's go until `deadline`, calling `check` (an abort, the
+    /// peer's disconnect) at least every `GO_SLICE`; fails as `lost` did,
+    /// saying so, once the deadline passed without it.
+    pub fn await_go(&self, deadline: Instant, lost: &Error, mut check: impl FnMut() -> Result<()>) -> Result<()> {
+        loop {
+            check()?;
+            if self.wait_go((Instant::now() + GO_SLICE).min(deadline)) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    lost.kind,
+                    format!("{}; no recovery: the hypervisor did not call postcopy_recover in time", lost.message),
+                ));
+            }
+        }
+    }
+
+    /// Waits until `until` for the hypervisor's go; whether it came.
+    fn wait_go(&self, until: Instant) -> bool {
         let mut w = self.state.lock();
         while !w.go && w.link != PostcopyLink::Ended {
             if self.changed.wait_until(&mut w, until).timed_out() {
@@ -140,6 +161,25 @@ mod tests {
         let by_itself = LinkWatch::new(false);
         by_itself.set(PostcopyLink::Lost);
         assert_eq!(by_itself.recover().unwrap_err().kind, ErrorKind::State);
+    }
+
+    #[test]
+    fn the_go_is_awaited_until_the_deadline_with_checks_between() {
+        let watch = LinkWatch::new(true);
+        watch.set(PostcopyLink::Lost);
+        let lost = Error::new(ErrorKind::Timeout, "lost");
+        let mut checks = 0;
+        let e = watch.await_go(Instant::now() + Duration::from_millis(250), &lost, || {
+            checks += 1;
+            Ok(())
+        });
+        assert_eq!(e.unwrap_err().kind, ErrorKind::Timeout);
+        assert!(checks >= 3, "{checks} checks in 250 ms");
+        let aborted = watch
+            .await_go(Instant::now() + Duration::from_secs(10), &lost, || Err(Error::new(ErrorKind::Aborted, "abort")));
+        assert_eq!(aborted.unwrap_err().kind, ErrorKind::Aborted);
+        watch.recover().unwrap();
+        watch.await_go(Instant::now(), &lost, || Ok(())).unwrap();
     }
 
     #[test]

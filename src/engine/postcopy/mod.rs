@@ -72,5 +72,5 @@ pub(crate) use link_state::LinkWatch;
 pub use link_state::PostcopyLink;
 pub(crate) use progress::Progress;
 pub use progress::{PostcopyPhase, PostcopyProgress};
-pub(crate) use recovery::{recoverable, Recovery, GO_SLICE};
+pub(crate) use recovery::{recoverable, Recovery};
 pub use stale::StalePages;

@@ -18,9 +18,6 @@ pub(crate) struct Recovery<'a> {
     pub watch: &'a LinkWatch,
 }
 
-/// How long a wait for the hypervisor's go for a recovery goes without looking at an abort.
-pub(crate) const GO_SLICE: Duration = Duration::from_millis(100);
-
 /// Whether a post-copy connection that failed with `e` may be got back:
 /// the transport failed or the peer went silent; not the peer's ERROR, nor
 /// the hypervisor's abort, nor a malformed message or a local fault.

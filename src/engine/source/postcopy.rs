@@ -9,7 +9,7 @@ use crate::engine::link::Listener;
 use crate::engine::link::{self, Link};
 use crate::engine::pin::Pins;
 use crate::engine::postcopy;
-use crate::engine::postcopy::{LinkWatch, PostcopyLink, StalePages, GO_SLICE};
+use crate::engine::postcopy::{LinkWatch, PostcopyLink, StalePages};
 use crate::engine::ram::RamBlocks;
 use crate::engine::Config;
 use crate::host::RegisteredBuffer;
@@ -257,25 +257,21 @@ impl<'a> Recovery<'a> {
         link::abandon(link);
         self.watch.set(PostcopyLink::Lost);
         let deadline = Instant::now() + self.window;
-        let mut go = !self.by_hypervisor;
-        loop {
-            // In slices, so that the hypervisor's abort is seen, and the
-            // destination's disconnect (it died meanwhile).
+        // In slices, so that the hypervisor's abort is seen, and the
+        // destination's disconnect (it died meanwhile).
+        let check = |link: &mut Link| {
             link.check_stop("post-copy's recovery")?;
-            if link::closed_by_peer_since(link)? {
-                return Err(closed(&lost));
+            match link::closed_by_peer_since(link)? {
+                true => Err(closed(&lost)),
+                false => Ok(()),
             }
-            if !go {
-                go = self.watch.wait_go((Instant::now() + GO_SLICE).min(deadline));
-                if !go && Instant::now() >= deadline {
-                    return Err(Error::new(
-                        lost.kind,
-                        format!("{}; no recovery: the hypervisor did not call postcopy_recover in time", lost.message),
-                    ));
-                }
-                continue;
-            }
-            self.watch.set(PostcopyLink::Recovering);
+        };
+        if self.by_hypervisor {
+            self.watch.await_go(deadline, &lost, || check(link))?;
+        }
+        self.watch.set(PostcopyLink::Recovering);
+        loop {
+            check(link)?;
             let slice = (Instant::now() + ACCEPT_SLICE).min(deadline);
             let back = match heeded(&self.listener) {
                 Some(listener) => link::accept_recovery(link, listener, self.token, slice),
