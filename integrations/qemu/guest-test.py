@@ -68,8 +68,11 @@ the first round through RAM (as the post-copy step above).  Each prints one
     number of faults and the buckets of their p50 and p99 (from
     postcopy-latency-dist); the source's postcopy-bytes and
     postcopy-requests;
-  - the phase: from migrate-start-postcopy to the destination's completed
-    (polled every 20 ms), and the part of it the destination ran.
+  - the phase: from the source's stop for the switch (its status leaves
+    "active") to the destination's completed, and the part of it the
+    destination ran; before it, from migrate-start-postcopy to the stop
+    (the source ends the iteration in progress first).  All polled every
+    20 ms.
 
 guest-test.py --median-postcopy LOG... -- the median of each figure over
 the "guest-postcopy:" lines of several runs (each run's in brackets) and
@@ -547,17 +550,21 @@ def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
         if time.time() - t0 > MIGRATE_TIMEOUT:
             raise RuntimeError(f"{what}: the first round did not end")
         time.sleep(0.1)
-    switch = time.monotonic()
+    command = time.monotonic()
     src.qmp.ok("migrate-start-postcopy")
-    # The status is read after the query is sent: when a reply says "not
-    # running", the guest did not run on the destination when it was sent.
-    not_running = switch
+    # A status is read after its query is sent: when a reply says "not
+    # running", the guest did not run on the destination when it was sent;
+    # the source stopped (left "active" for the switch) before the reply.
+    not_running, stopped = command, None
     while True:
+        asked = time.monotonic()
+        if stopped is None and src.qmp.ok("query-migrate").get("status") not in ("setup", "active"):
+            stopped = asked
         asked = time.monotonic()
         if dst.qmp.ok("query-status")["status"] == "running":
             break
         not_running = asked
-        if not_running - switch > MIGRATE_TIMEOUT:
+        if not_running - command > MIGRATE_TIMEOUT:
             raise RuntimeError(f"{what}: the destination does not run")
         time.sleep(PHASE_POLL_S)
     running = time.monotonic()
@@ -566,7 +573,7 @@ def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
         done = time.monotonic()
         if dst_info.get("status") in ("completed", "failed", "cancelled"):
             break
-        if done - switch > MIGRATE_TIMEOUT:
+        if done - command > MIGRATE_TIMEOUT:
             raise RuntimeError(f"{what}: the destination did not complete: {dst_info}")
         time.sleep(PHASE_POLL_S)
     info = wait_migration(src)
@@ -606,7 +613,8 @@ def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
         "qemu_p99_bucket_us": dist_percentile_us(dist, 99),
         "postcopy_requests": ram.get("postcopy-requests"),
         "postcopy_mib": round(ram.get("postcopy-bytes", 0) / 2**20, 1),
-        "phase_ms": round((done - switch) * 1000),
+        "react_ms": round((stopped - command) * 1000),
+        "phase_ms": round((done - stopped) * 1000),
         "run_ms": round((done - running) * 1000),
         "pass": f"'pass {passes[0][1]}: {passes[0][2]}'" if passes else None,
     }
