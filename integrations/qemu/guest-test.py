@@ -580,6 +580,8 @@ def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
     if info["status"] != "completed" or dst_info["status"] != "completed":
         raise RuntimeError(f"{what}: source {info['status']} ({info.get('error-desc')}), "
                            f"destination {dst_info['status']}")
+    if not info.get("ram", {}).get("postcopy-bytes"):
+        raise RuntimeError(f"{what}: completed without post-copy: {info}")
     src.quit()
     # Once a pass ended after post-copy, every read of the window is reported.
     t0 = time.time()
@@ -608,7 +610,7 @@ def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
         "blocktime_ms": dst_info.get("postcopy-blocktime"),
         "vcpu_blocktime_ms": dst_info.get("postcopy-vcpu-blocktime"),
         "qemu_faults": sum(dist),
-        "qemu_latency_us": round(dst_info.get("postcopy-latency", 0) / 1000, 1),
+        "qemu_latency_us": round(dst_info["postcopy-latency"] / 1000, 1) if sum(dist) else None,
         "qemu_p50_bucket_us": dist_percentile_us(dist, 50),
         "qemu_p99_bucket_us": dist_percentile_us(dist, 99),
         "postcopy_requests": ram.get("postcopy-requests"),
