@@ -64,8 +64,8 @@
 #define SLOW_TOUCH_US 50
 /*
  * 4 MiB: the guest rewrites that in 0.4-1.2 s there, less than the first
- * round through its 256 MiB takes (2-3 s): at the switch the page
- * RECENT_LAG_PAGES behind is stale.
+ * round through its 256 MiB takes (1-2 s): at the switch the pages from
+ * RECENT_LAG_PAGES behind on are stale, unless sent again since.
  */
 #define RECENT_LAG_PAGES 1024
 
@@ -179,7 +179,7 @@ static void print_probe(uint64_t pass, struct probe *probe, double ticks_per_us)
     size_t len = 0, n = probe->count;
     uint64_t now = tsc(), *v = probe->ticks;
 
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && len < sizeof(line) - 64; i++) {
         len += snprintf(line + len, sizeof(line) - len, " %.0f:%.1f",
                         (now - probe->at[i]) / ticks_per_us, v[i] / ticks_per_us);
     }
