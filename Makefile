@@ -28,6 +28,9 @@
 #                        (BENCH_POSTCOPY_ARGS, e.g. BENCH_POSTCOPY_ARGS=--quick)
 #   make bench-qemu      QEMU 10.2 patched (librdmamig) against stock over rdma and TCP, a running
 #                        Linux guest, median of 3 guest boots (scripts/bench-qemu.sh)
+#   make bench-qemu-postcopy  QEMU 10.2 post-copy, patched over rdma against stock over TCP:
+#                        the guest's fault latency, QEMU's blocktime, the phase's time, against
+#                        ib_read_lat, median of 3 guest boots (scripts/bench-qemu-postcopy.sh)
 #   make bench-demo      the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
 #   make bench-native    the library's CPU cost per GiB and its tables at 1, 2, 4 TiB, on the host
@@ -99,7 +102,7 @@ MINIMAL_SRCS    := $(wildcard examples/c/minimal/*.c)
 MINIMAL_BINS    := $(patsubst examples/c/minimal/%.c,$(CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 VG_MINIMAL_BINS := $(patsubst examples/c/minimal/%.c,$(VG_CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-demo bench-unregister bench-native clean FORCE
+.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-qemu-postcopy bench-demo bench-unregister bench-native clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -226,6 +229,13 @@ bench-postcopy:
 # integrations/qemu/README.md). Needs root; builds QEMU once if not cached.
 bench-qemu: all
 	bash scripts/bench-qemu.sh
+
+# Post-copy in QEMU 10.2, patched over rdma against stock over TCP (preempt
+# off and on): the guest's first-touch latency, QEMU's blocktime and fault
+# latency, the phase's time, ib_read_lat in the same boot; three guest
+# boots, the median (scripts/bench-qemu-postcopy.sh, docs/benchmarks.md).
+bench-qemu-postcopy: all
+	bash scripts/bench-qemu-postcopy.sh
 
 # The C demo's throughput: built -O2 without sanitizers, and perftest's
 # ib_write_bw (1 MiB, tx depth 16) as the anchor, in the same guest boot.

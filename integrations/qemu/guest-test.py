@@ -55,6 +55,37 @@ time and downtime and its throughput (RAM sent ÷ total time) ÷ ib_write_bw's
 
 guest-test.py --median LOG... -- the median of each figure over the
 "guest-bench:" lines of several runs (scripts/bench-qemu.sh: three boots).
+
+guest-test.py --bench-postcopy BUILD_DIR -- post-copy, stock against
+patched, in one rxe guest boot: ib_read_lat (4 KiB, the anchor), then the
+guest booted under stock QEMU migrated on through BENCH_POSTCOPY_CHAIN:
+stock -> stock over TCP with postcopy-preempt off and on, and patched ->
+patched over rdma, dynamic and pin-all, each switching to post-copy after
+the first round through RAM (as the post-copy step above).  Each prints one
+"guest-postcopy:" line of key=value figures:
+
+  - the guest's: the slow reads of its first-touch probe
+    (guest/memcheck-init.c) that began while the destination ran with pages
+    missing (from the last poll that saw it not yet running to the first
+    that saw it completed): of the "recent" reads, which sweep the pages
+    stale at the switch, the count, p50, p99 and max; of the "old" reads,
+    which meet present pages with the same exposure to interrupts and
+    scheduling, the count, p50 and max (the noise in the recent figures);
+    and the probe's recent line of the pass during which post-copy ran;
+  - QEMU's, the destination's query-migrate with postcopy-blocktime on:
+    blocktime and per-vCPU blocktime (ms), mean fault latency (us), the
+    number of faults and the buckets of their p50 and p99 (from
+    postcopy-latency-dist); the source's postcopy-bytes and
+    postcopy-requests;
+  - the phase: from the source's stop for the switch (its status leaves
+    "active") to the destination's completed, and the part of it the
+    destination ran; before it, from migrate-start-postcopy to the stop
+    (the source ends the iteration in progress first).  All polled every
+    20 ms.
+
+guest-test.py --median-postcopy LOG... -- the median of each figure over
+the "guest-postcopy:" lines of several runs (each run's in brackets) and
+the patched ones against stock's best (scripts/bench-qemu-postcopy.sh).
 """
 import json
 import os
@@ -65,6 +96,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,6 +117,16 @@ BENCH_CHAIN = [  # (label or None: not measured, source, destination, transport,
     ("patched rdma dynamic", "patched", "patched", "rdma", False),
     ("patched rdma pin-all", "patched", "patched", "rdma", True),
 ]
+BENCH_POSTCOPY_CHAIN = [  # (label or None: pre-copy, not measured, source, destination,
+    #                         transport, postcopy-preempt, pin_all)
+    ("stock tcp", "stock", "stock", "tcp", False, False),
+    ("stock tcp preempt", "stock", "stock", "tcp", True, False),
+    (None, "stock", "patched", "rdma", False, False),
+    ("patched rdma dynamic", "patched", "patched", "rdma", False, False),
+    ("patched rdma pin-all", "patched", "patched", "rdma", False, True),
+]
+POSTCOPY_CAPS = ("postcopy-ram", "postcopy-preempt", "postcopy-blocktime")
+PHASE_POLL_S = 0.02
 MIGRATE_TIMEOUT = 300
 QMP_TIMEOUT = 60
 PASS_TIMEOUT = 300
@@ -570,6 +612,235 @@ def ib_write_bw(env):
     raise RuntimeError(f"ib_write_bw gave no bandwidth: {client.stdout} {client.stderr}")
 
 
+def ib_read_lat(env):
+    """ib_read_lat's t_typical and 99th percentile at 4 KiB over rxe, us
+    (three tries, as ib_write_bw)."""
+    dev = os.environ.get("RXE_VM_DEV", "rxe0")
+    args = ["ib_read_lat", "-R", "-F", "-d", dev, "-s", "4096", "-n", "10000"]
+    for _ in range(3):
+        server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        client = subprocess.run(args + [env.ip], capture_output=True, text=True)
+        server.wait(30)
+        lines = client.stdout.splitlines()
+        for i, line in enumerate(lines[:-1]):
+            if line.strip().startswith("#bytes"):
+                # "... t_typical[usec] ... 99% percentile[usec] 99.9% percentile[usec]"
+                names = line.replace(" percentile[usec]", "").split()
+                values = dict(zip(names, lines[i + 1].split()))
+                return float(values["t_typical[usec]"]), float(values["99%"])
+    raise RuntimeError(f"ib_read_lat gave no latency: {client.stdout} {client.stderr}")
+
+
+class LineTimes(threading.Thread):
+    """When each line of a growing file (a guest's virtio port) appeared:
+    (time.monotonic(), line), polled every 10 ms."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.path = path
+        self.lines = []
+        self.done = threading.Event()
+        self.start()
+
+    def run(self):
+        pending, offset = "", 0
+        while not self.done.is_set():
+            try:
+                with open(self.path, errors="replace") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                    offset = f.tell()
+            except FileNotFoundError:
+                chunk = ""
+            now = time.monotonic()
+            *complete, pending = (pending + chunk).split("\n")
+            self.lines += [(now, line) for line in complete]
+            time.sleep(0.01)
+
+    def slow_touches(self, kind):
+        """Every slow read of KIND (recent, old) the guest reported: [(when it began, us)]."""
+        touches = []
+        for seen, line in list(self.lines):
+            m = re.match(rf"memcheck: pass \d+ slow {kind} touches \(us before this line:us\):(.*)$", line)
+            for age, us in (t.split(":") for t in (m.group(1).split() if m else [])):
+                touches.append((seen - float(age) / 1e6, float(us)))
+        return touches
+
+    def passes(self, kind):
+        """[(when its line appeared, pass, the figures of its KIND probe line)]."""
+        return [(seen, int(m.group(1)), m.group(2)) for seen, line in list(self.lines)
+                for m in [re.match(rf"memcheck: pass (\d+) {kind} touches: (.*)$", line)] if m]
+
+
+def percentile(values, percent):
+    """The nearest-rank PERCENT percentile of VALUES (None if empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, -(-len(ordered) * percent // 100) - 1)]
+
+
+def dist_percentile_us(dist, percent):
+    """The lower bound, us, of the bucket of postcopy-latency-dist
+    (bucket N: [2^N, 2^(N+1)) us) that holds the PERCENT percentile."""
+    total = sum(dist)
+    if not total:
+        return None
+    rank, seen = -(-total * percent // 100), 0
+    for n, count in enumerate(dist):
+        seen += count
+        if seen >= rank:
+            return 1 << n
+
+
+def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
+    """Migrates SRC's guest to a new DST_VARIANT QEMU, switching to
+    post-copy after the first round; returns (it, its figures)."""
+    what = f"{src.variant} -> {dst_variant}, {transport} post-copy"
+    dst = Vm(env, dst_variant, incoming=True)
+    lines = LineTimes(dst.vport)
+    caps = {"postcopy-ram": True, "postcopy-preempt": preempt}
+    for vm in (src, dst):
+        vm.prepare(pin_all, None)
+        vm.qmp.ok("migrate-set-capabilities",
+                  capabilities=[{"capability": c, "state": v} for c, v in caps.items()])
+    dst.qmp.ok("migrate-set-capabilities",
+               capabilities=[{"capability": "postcopy-blocktime", "state": True}])
+    # Pre-copy must not converge before the switch.
+    src.qmp.ok("migrate-set-parameters", **{"downtime-limit": 1, "max-bandwidth": 0})
+    uri = env.uri(transport)
+    dst.qmp.ok("migrate-incoming", uri=uri)
+    src.qmp.ok("migrate", uri=uri)
+    t0 = time.time()
+    while src.qmp.ok("query-migrate").get("ram", {}).get("dirty-sync-count", 0) < 2:
+        if time.time() - t0 > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the first round did not end")
+        time.sleep(0.1)
+    command = time.monotonic()
+    src.qmp.ok("migrate-start-postcopy")
+    # A status is read after its query is sent: when a reply says "not
+    # running", the guest did not run on the destination when it was sent;
+    # the source stopped (left "active" for the switch) before the reply.
+    not_running, stopped = command, None
+    while True:
+        asked = time.monotonic()
+        if stopped is None and src.qmp.ok("query-migrate").get("status") not in ("setup", "active"):
+            stopped = asked
+        asked = time.monotonic()
+        if dst.qmp.ok("query-status")["status"] == "running":
+            break
+        not_running = asked
+        if not_running - command > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the destination does not run")
+        time.sleep(PHASE_POLL_S)
+    running = time.monotonic()
+    while True:
+        dst_info = dst.qmp.ok("query-migrate")
+        done = time.monotonic()
+        if dst_info.get("status") in ("completed", "failed", "cancelled"):
+            break
+        if done - command > MIGRATE_TIMEOUT:
+            raise RuntimeError(f"{what}: the destination did not complete: {dst_info}")
+        time.sleep(PHASE_POLL_S)
+    info = wait_migration(src)
+    if info["status"] != "completed" or dst_info["status"] != "completed":
+        raise RuntimeError(f"{what}: source {info['status']} ({info.get('error-desc')}), "
+                           f"destination {dst_info['status']}")
+    if not info.get("ram", {}).get("postcopy-bytes"):
+        raise RuntimeError(f"{what}: completed without post-copy: {info}")
+    src.quit()
+    # Once a pass ended after post-copy, every read of the window is reported.
+    t0 = time.time()
+    while not [p for p in lines.passes("old") if p[0] > done]:
+        if time.time() - t0 > PASS_TIMEOUT:
+            raise RuntimeError(f"{what}: the guest reports no pass after post-copy")
+        time.sleep(0.5)
+    lines.done.set()
+    lines.join()
+    dst.wait_passes(2)
+
+    recent = [us for began, us in lines.slow_touches("recent") if not_running <= began <= done]
+    old = [us for began, us in lines.slow_touches("old") if not_running <= began <= done]
+    passes = lines.passes("recent")
+    dist = dst_info.get("postcopy-latency-dist", [])
+    ram = info.get("ram", {})
+    figures = {
+        "window_ms": round((done - not_running) * 1000),
+        "recent": len(recent),
+        "p50_us": percentile(recent, 50),
+        "p99_us": percentile(recent, 99),
+        "max_us": percentile(recent, 100),
+        "old": len(old),
+        "old_p50_us": percentile(old, 50),
+        "old_max_us": percentile(old, 100),
+        "blocktime_ms": dst_info.get("postcopy-blocktime"),
+        "vcpu_blocktime_ms": dst_info.get("postcopy-vcpu-blocktime"),
+        "qemu_faults": sum(dist),
+        "qemu_latency_us": round(dst_info["postcopy-latency"] / 1000, 1) if sum(dist) else None,
+        "qemu_p50_bucket_us": dist_percentile_us(dist, 50),
+        "qemu_p99_bucket_us": dist_percentile_us(dist, 99),
+        "postcopy_requests": ram.get("postcopy-requests"),
+        "postcopy_mib": round(ram.get("postcopy-bytes", 0) / 2**20, 1),
+        "react_ms": round((stopped - command) * 1000),
+        "phase_ms": round((done - stopped) * 1000),
+        "run_ms": round((done - running) * 1000),
+        "pass": f"'pass {passes[0][1]}: {passes[0][2]}'" if passes else None,
+    }
+    return dst, figures
+
+
+def bench_postcopy(env):
+    typical, p99 = ib_read_lat(env)
+    log(f"guest-postcopy: ib_read_lat: t_typical_us={typical} p99_us={p99}")
+    vm = Vm(env, BENCH_POSTCOPY_CHAIN[0][1])
+    vm.wait_passes(2)
+    for label, src_variant, dst_variant, transport, preempt, pin_all in BENCH_POSTCOPY_CHAIN:
+        assert vm.variant == src_variant
+        if label is None:
+            vm.qmp.ok("migrate-set-parameters", **{"max-bandwidth": 0})
+            vm, _ = migrate(env, vm, dst_variant, pin_all, None, transport, quiet=True)
+            continue
+        vm, figures = postcopy_measured(env, vm, dst_variant, transport, preempt, pin_all)
+        vm.qmp.ok("migrate-set-capabilities",
+                  capabilities=[{"capability": c, "state": False} for c in POSTCOPY_CAPS])
+        log(f"guest-postcopy: {label}: " + " ".join(
+            f"{k}={json.dumps(v, separators=(',', ':')) if isinstance(v, list) else v}" for k, v in figures.items()))
+    vm.quit()
+
+
+def median_postcopy(logs):
+    """The median of each figure of each configuration over LOGS'
+    guest-postcopy lines, each run's in brackets; then the patched
+    configurations against stock's best (the lower of its medians)."""
+    runs = {}
+    line = re.compile(r"^guest-postcopy: (.+?): (.*)$", re.M)
+    for path in logs:
+        for m in line.finditer(open(path, errors="replace").read()):
+            for k, v in re.findall(r"(\w+)=([^\s']+|'[^']*')", m.group(2)):
+                runs.setdefault(m.group(1), {}).setdefault(k, []).append(v)
+    medians = {}
+    for label, figures in runs.items():
+        print(f"{label}:")
+        for key, values in figures.items():
+            numbers = [float(v) for v in values if re.fullmatch(r"-?[\d.]+", v)]
+            med = statistics.median(numbers) if numbers else None
+            medians.setdefault(label, {})[key] = med
+            shown = f"{med:g}" if med is not None else "-"
+            print(f"  {key:20} {shown:>10}  [{', '.join(values)}]")
+    stock = [f for label, f in medians.items() if label.startswith("stock")]
+    for label, f in medians.items():
+        if not label.startswith("patched"):
+            continue
+        for key, target in (("p50_us", 0.1), ("qemu_latency_us", 0.1), ("blocktime_ms", 0.2),
+                            ("phase_ms", 1.0)):
+            best = min((s[key] for s in stock if s.get(key)), default=None)
+            if f.get(key) is not None and best:
+                print(f"{label}: {key} {f[key]:g} / stock's best {best:g} = {f[key] / best:.3f} "
+                      f"(target <= {target})")
+    return 0 if runs else 1
+
+
 def bench(env):
     anchor = ib_write_bw(env)
     log(f"guest-bench: ib_write_bw {anchor:.3f} Gbit/s")
@@ -607,10 +878,12 @@ def median(logs):
 def main():
     if sys.argv[1] == "--median":
         return median(sys.argv[2:])
-    if sys.argv[1] == "--bench":
+    if sys.argv[1] == "--median-postcopy":
+        return median_postcopy(sys.argv[2:])
+    if sys.argv[1] in ("--bench", "--bench-postcopy"):
         env = Env(sys.argv[2])
         try:
-            bench(env)
+            (bench if sys.argv[1] == "--bench" else bench_postcopy)(env)
         finally:
             kill_all(env)
         return 0

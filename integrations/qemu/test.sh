@@ -9,8 +9,10 @@
 # and a running Linux guest migrated on through stock and patched QEMUs
 # (guest-test.py):
 #   guest
-# and, only when asked for, the benchmark of scripts/bench-qemu.sh (one run):
+# and, only when asked for, the benchmarks of scripts/bench-qemu.sh and
+# scripts/bench-qemu-postcopy.sh (one run each):
 #   bench
+#   bench-postcopy
 #
 #   integrations/qemu/test.sh [PAIR...]      (default: all four)
 #
@@ -45,6 +47,7 @@ run_pair() {
                                QTEST_QEMU_BINARY_DST="$dir/patched/qemu-system-x86_64") ;;
         guest) /usr/bin/python3 "$HERE/guest-test.py" "$dir"; return ;;
         bench) /usr/bin/python3 "$HERE/guest-test.py" --bench "$dir"; return ;;
+        bench-postcopy) /usr/bin/python3 "$HERE/guest-test.py" --bench-postcopy "$dir"; return ;;
         *) echo "test.sh: unknown pair '$pair' (one of: ${PAIRS[*]})" >&2; return 2 ;;
     esac
     log=$(mktemp)

@@ -12,6 +12,28 @@
  *   memcheck: pass N ok
  *   memcheck: pass N CORRUPT: B pages, first page P holds 0x... (expected 0x...)
  *
+ * Before it, the first-touch probe's lines of that pass, for each of its
+ * two reads, "recent" and "old":
+ *
+ *   memcheck: pass N slow recent touches (us before this line:us): A:L ...  (virtio only)
+ *   memcheck: pass N recent touches: K slow, p50 X us, p99 Y us, max Z us
+ *
+ * With each page it rewrites, the guest times (TSC) one read of the page it
+ * rewrote RECENT_LAG_PAGES before ("recent") and, before checking the page,
+ * its first read of the page ("old": last written a pass ago).  A page
+ * post-copy has not yet brought to the destination stops the vCPU on such a
+ * read until the page is there.  The pages stale at the switch to post-copy
+ * are the ones the guest wrote since the migration's last rounds began,
+ * just behind the page it was at: the recent read sweeps them when the guest
+ * goes on on the destination; the old read meets present pages, and counts
+ * what slows a read that does not fault (interrupts, the hosts'
+ * scheduling), with the same exposure.  K counts the reads slower than
+ * memcheck.slow_us= on the kernel command line (SLOW_TOUCH_US by default),
+ * X, Y, Z are their percentiles; the virtio-only line gives each of them,
+ * when it began (A us before the line was written) and how long it took (L
+ * us), so that the host can keep those of a time window (guest-test.py
+ * --bench-postcopy).  memcheck.slow_us=0 counts every read.
+ *
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */
 #define _GNU_SOURCE
@@ -25,28 +47,150 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MEMCHECK_MIB 96
 #define PAGE_WORDS (4096 / sizeof(uint64_t))
+#define PAGES ((size_t)MEMCHECK_MIB << 20 >> 12)
+/*
+ * Under TCG in the rxe guest (nested), a present page's first read took
+ * 2.4 us at the median and 10-13 us at the 99th percentile (every first
+ * touch of four passes, no migration); a userfaultfd fault costs two
+ * thread wake-ups and a copy, over 100 us there (docs/benchmarks.md).
+ * Reads the guest's or the hosts' interrupts and scheduling stretch past
+ * 50 us (50-130 a pass) are not faults either: the old read counts them.
+ */
+#define SLOW_TOUCH_US 50
+/*
+ * 4 MiB: the guest rewrites that in 0.4-1.2 s there, less than the first
+ * round through its 256 MiB takes (1-2 s): at the switch the pages from
+ * RECENT_LAG_PAGES behind on are stale, unless sent again since.
+ */
+#define RECENT_LAG_PAGES 1024
+
+/* The slow reads of one kind in the current pass. */
+struct probe {
+    const char *name;
+    size_t count;
+    uint64_t ticks[PAGES], at[PAGES];
+};
 
 static FILE *serial, *virtio;
 
+static void vsay(int to_serial, const char *fmt, va_list ap)
+{
+    FILE *out[] = { to_serial ? serial : NULL, virtio };
+
+    for (size_t i = 0; i < 2; i++) {
+        va_list copy;
+
+        if (!out[i]) {
+            continue;
+        }
+        va_copy(copy, ap);
+        vfprintf(out[i], fmt, copy);
+        va_end(copy);
+        fflush(out[i]);
+    }
+}
+
+/* Prints to the serial console and the virtio port. */
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
     va_list ap;
-    FILE *out[] = { serial, virtio };
 
-    for (size_t i = 0; i < 2; i++) {
-        if (!out[i]) {
-            continue;
-        }
-        va_start(ap, fmt);
-        vfprintf(out[i], fmt, ap);
-        va_end(ap);
-        fflush(out[i]);
+    va_start(ap, fmt);
+    vsay(1, fmt, ap);
+    va_end(ap);
+}
+
+/* Prints to the virtio port alone: the emulated UART's byte-by-byte output
+ * would delay the line by milliseconds (ages are counted to the write). */
+static void say_virtio(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say_virtio(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsay(0, fmt, ap);
+    va_end(ap);
+}
+
+/* The TSC: under TCG QEMU's rdtsc reads the host's, which runs on while a
+ * vCPU waits for a page and stops while the VM is stopped. */
+static inline uint64_t tsc(void)
+{
+    uint32_t lo, hi;
+
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi) : : "memory");
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* TSC ticks per microsecond, against CLOCK_MONOTONIC over 200 ms. */
+static double tsc_per_us(void)
+{
+    struct timespec t0, t1;
+    uint64_t c0, c1;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    c0 = tsc();
+    usleep(200 * 1000);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c1 = tsc();
+    return (double)(c1 - c0) /
+           ((t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3);
+}
+
+static int by_value(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* The nearest-rank PERCENT percentile of the N sorted values V, in us. */
+static double percentile_us(const uint64_t *v, size_t n, unsigned percent,
+                            double ticks_per_us)
+{
+    size_t rank = (n * percent + 99) / 100;
+
+    return n ? v[rank ? rank - 1 : 0] / ticks_per_us : 0;
+}
+
+/* Times one read of WORD; keeps it in PROBE if slower than SLOW_TICKS. */
+static inline void timed_read(struct probe *probe, const uint64_t *word, uint64_t slow_ticks)
+{
+    uint64_t at = tsc(), ticks;
+
+    (void)*(const volatile uint64_t *)word;
+    ticks = tsc() - at;
+    if (ticks > slow_ticks) {
+        probe->at[probe->count] = at;
+        probe->ticks[probe->count++] = ticks;
     }
+}
+
+/* PROBE's lines of PASS (see the top); empties it. */
+static void print_probe(uint64_t pass, struct probe *probe, double ticks_per_us)
+{
+    static char line[PAGES * 24 + 128];
+    size_t len = 0, n = probe->count;
+    uint64_t now = tsc(), *v = probe->ticks;
+
+    for (size_t i = 0; i < n && len < sizeof(line) - 64; i++) {
+        len += snprintf(line + len, sizeof(line) - len, " %.0f:%.1f",
+                        (now - probe->at[i]) / ticks_per_us, v[i] / ticks_per_us);
+    }
+    line[len] = 0;
+    say_virtio("memcheck: pass %llu slow %s touches (us before this line:us):%s\n",
+               (unsigned long long)pass, probe->name, line);
+    qsort(v, n, sizeof(v[0]), by_value);
+    say("memcheck: pass %llu %s touches: %zu slow, p50 %.1f us, p99 %.1f us, max %.1f us\n",
+        (unsigned long long)pass, probe->name, n, percentile_us(v, n, 50, ticks_per_us),
+        percentile_us(v, n, 99, ticks_per_us), percentile_us(v, n, 100, ticks_per_us));
+    probe->count = 0;
 }
 
 /* Loads each module of the comma-separated list under /lib/modules. */
@@ -91,9 +235,11 @@ static char *cmdline_arg(const char *name)
 
 int main(void)
 {
-    const size_t pages = (size_t)MEMCHECK_MIB << 20 >> 12;
-    uint64_t *mem;
-    char *modules;
+    const size_t pages = PAGES;
+    static struct probe recent = { .name = "recent" }, old = { .name = "old" };
+    uint64_t *mem, slow_ticks;
+    char *modules, *slow_us;
+    double ticks_per_us;
 
     mkdir("/dev", 0755);
     mkdir("/proc", 0755);
@@ -121,6 +267,11 @@ int main(void)
     }
     say("memcheck: %d MiB, virtio-serial %s\n", MEMCHECK_MIB,
         virtio ? "up" : "MISSING");
+    slow_us = cmdline_arg("memcheck.slow_us");
+    ticks_per_us = tsc_per_us();
+    slow_ticks = (slow_us ? strtoull(slow_us, NULL, 10) : SLOW_TOUCH_US) * ticks_per_us;
+    say("memcheck: timed reads slower than %.0f us are slow (TSC %.0f MHz)\n",
+        slow_ticks / ticks_per_us, ticks_per_us);
 
     mem = mmap(NULL, pages * 4096, PROT_READ | PROT_WRITE,
                MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
@@ -136,7 +287,7 @@ int main(void)
         for (uint64_t p = 0; p < pages; p++) {
             uint64_t *w = mem + p * PAGE_WORDS;
             uint64_t want = p << 32 | (pass - 1), now = p << 32 | pass;
-
+            timed_read(&old, w, slow_ticks);
             if (pass > 1) {
                 for (size_t k = 0; k < PAGE_WORDS; k++) {
                     if (w[k] != want) {
@@ -152,7 +303,11 @@ int main(void)
             for (size_t k = 0; k < PAGE_WORDS; k++) {
                 w[k] = now;
             }
+            timed_read(&recent, mem + (p + pages - RECENT_LAG_PAGES) % pages * PAGE_WORDS,
+                       slow_ticks);
         }
+        print_probe(pass, &recent, ticks_per_us);
+        print_probe(pass, &old, ticks_per_us);
         if (bad) {
             say("memcheck: pass %llu CORRUPT: %llu pages, first page %llu holds "
                 "0x%llx (expected 0x%llx)\n", (unsigned long long)pass,
