@@ -109,6 +109,19 @@ impl Drop for PinAll {
     }
 }
 
+/// Pin-all of `ram` as a connection runs it, from its start to its last
+/// registration (`rdmamig::bench_internals`, for
+/// `examples/registration_bench.rs`).
+#[cfg(feature = "rdma-tests")]
+pub fn pin_all_blocks(
+    pd: Arc<ProtectionDomain>,
+    ram: &RamBlocks,
+    access: Access,
+    spare_cpus: usize,
+) -> Result<Vec<MemoryRegion>> {
+    PinAll::start(pd, ram.clone(), access, spare_cpus, Arc::default())?.wait(&AtomicBool::new(false))
+}
+
 /// Deregisters registrations nobody took, and uncounts them.
 fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     for mr in result.into_iter().flatten() {
