@@ -1,16 +1,17 @@
 //! Pin-all that scales: whole RAM blocks registered on a background thread
 //! that starts at connect, overlapping the RAM-blocks exchange. Each block
-//! is first pre-faulted by several threads (`prefault`: allocating and
-//! zeroing pages is most of a registration's cost), then registered in one
-//! `ibv_reg_mr` (one key per block, as the protocol wants), which then only
-//! walks present pages.
+//! is registered in one `ibv_reg_mr` (one key per block, as the protocol
+//! wants), which walks it from its start, faulting in what is missing;
+//! meanwhile the other threads pre-fault it from its end (`prefault`:
+//! allocating and zeroing pages is most of a registration's cost), so that
+//! the registration finds the rest present.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::engine::ram::RamBlocks;
 use crate::engine::stats::Counters;
@@ -24,7 +25,7 @@ use crate::{Error, ErrorKind, Result};
 /// wait. With 64 MiB pieces the second thread often could not start until
 /// the first had done nearly all (docs/benchmarks.md).
 const PIECE: u64 = 4 << 20;
-/// Pre-faulting threads at most.
+/// Threads at most, the registering one included.
 const MAX_THREADS: usize = 8;
 
 /// Registrations of whole blocks under way; `wait` for them. Dropped
@@ -33,8 +34,8 @@ const MAX_THREADS: usize = 8;
 /// registrations: nothing of it touches the guest's RAM after the
 /// connection's end, when the hypervisor may unmap it.
 pub(crate) struct PinAll {
-    /// Where the thread leaves its result.
-    result: Arc<Mutex<Option<Result<Vec<MemoryRegion>>>>>,
+    /// Where the thread leaves its result, and its signal that it did.
+    result: Arc<(Mutex<Option<Result<Vec<MemoryRegion>>>>, Condvar)>,
     /// Nobody will take the result: the thread stops.
     cancel: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -42,8 +43,9 @@ pub(crate) struct PinAll {
 }
 
 impl PinAll {
-    /// Starts registering every block of `ram` with `access`, pre-faulting
-    /// on all CPUs but `spare_cpus`; progress goes to
+    /// Starts registering every block of `ram` with `access` on as many
+    /// threads as there are CPUs but `spare_cpus` (the registering one and
+    /// the pre-faulting ones); progress goes to
     /// `counters.pin_all_progress_bytes`, the registrations to `pinned_bytes`.
     pub fn start(
         pd: Arc<ProtectionDomain>,
@@ -52,32 +54,16 @@ impl PinAll {
         spare_cpus: usize,
         counters: Arc<Counters>,
     ) -> Result<PinAll> {
-        let (result, cancel) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
+        let (result, cancel) = (Arc::new((Mutex::new(None), Condvar::new())), Arc::new(AtomicBool::new(false)));
         let (theirs, cancelled, counting) = (result.clone(), cancel.clone(), counters.clone());
+        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+        let prefaulting = cpus.saturating_sub(spare_cpus).clamp(1, MAX_THREADS) - 1;
         let thread = thread::Builder::new()
             .name("rdmamig-pinall".into())
             .spawn(move || {
-                let mut mrs = Vec::with_capacity(ram.len());
-                for b in ram.blocks() {
-                    prefault(b.range(0, b.length), spare_cpus, &cancelled, &counting);
-                    if cancelled.load(Ordering::Relaxed) {
-                        break; // the result is dropped unread
-                    }
-                    match b.range(0, b.length).register(&pd, access) {
-                        Ok(mr) => {
-                            counting.pin(b.length);
-                            mrs.push(mr);
-                        }
-                        Err(e) => {
-                            let refused =
-                                super::budget::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed));
-                            release(Ok(mrs), &counting);
-                            *theirs.lock() = Some(Err(refused));
-                            return;
-                        }
-                    }
-                }
-                *theirs.lock() = Some(Ok(mrs));
+                let registered = register_all(&ram, &pd, access, prefaulting, &cancelled, &counting);
+                *theirs.0.lock() = Some(registered);
+                theirs.1.notify_all();
             })
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the pin-all thread: {e}")))?;
         Ok(PinAll { result, cancel, thread: Some(thread), counters })
@@ -85,14 +71,17 @@ impl PinAll {
 
     /// The registrations, one per block, once all are done; gives up when `stop` is set.
     pub fn wait(self, stop: &AtomicBool) -> Result<Vec<MemoryRegion>> {
+        let (result, done) = &*self.result;
+        let mut slot = result.lock();
         loop {
-            if let Some(result) = self.result.lock().take() {
+            if let Some(result) = slot.take() {
                 return result;
             }
             if stop.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Aborted, "aborted while pinning all guest RAM"));
             }
-            thread::sleep(Duration::from_millis(10));
+            // Woken when the result is in; `stop` has no signal.
+            done.wait_for(&mut slot, Duration::from_millis(10));
         }
     }
 }
@@ -103,7 +92,7 @@ impl Drop for PinAll {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some(result) = self.result.lock().take() {
+        if let Some(result) = self.result.0.lock().take() {
             release(result, &self.counters);
         }
     }
@@ -122,6 +111,42 @@ pub fn pin_all_blocks(
     PinAll::start(pd, ram.clone(), access, spare_cpus, Arc::default())?.wait(&AtomicBool::new(false))
 }
 
+/// Registers every block of `ram`, each while `prefaulting` threads
+/// pre-fault it from its end, until `cancel` is set (then the result is
+/// dropped unread). On a refusal, what was registered is released.
+fn register_all(
+    ram: &RamBlocks,
+    pd: &Arc<ProtectionDomain>,
+    access: Access,
+    prefaulting: usize,
+    cancel: &AtomicBool,
+    counters: &Counters,
+) -> Result<Vec<MemoryRegion>> {
+    let mut mrs = Vec::with_capacity(ram.len());
+    for b in ram.blocks() {
+        if cancel.load(Ordering::Relaxed) {
+            break;
+        }
+        let guest = b.range(0, b.length);
+        let (registered, prefaulted) =
+            prefault_while(guest, prefaulting, cancel, counters, || guest.register(pd, access));
+        // The registration faulted in what the pre-faulting did not reach.
+        Counters::add(&counters.pin_all_progress_bytes, b.length - prefaulted);
+        match registered {
+            Ok(mr) => {
+                counters.pin(b.length);
+                mrs.push(mr);
+            }
+            Err(e) => {
+                let refused = super::budget::refusal(e, b.length, counters.pinned_bytes.load(Ordering::Relaxed));
+                release(Ok(mrs), counters);
+                return Err(refused);
+            }
+        }
+    }
+    Ok(mrs)
+}
+
 /// Deregisters registrations nobody took, and uncounts them.
 fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     for mr in result.into_iter().flatten() {
@@ -131,19 +156,26 @@ fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     }
 }
 
-/// Populates `guest` for writing (`GuestRange::populate_write`), in pieces
-/// on as many threads as there are CPUs but `spare_cpus`, until `cancel` is
-/// set.
-fn prefault(guest: GuestRange, spare_cpus: usize, cancel: &AtomicBool, counters: &Counters) {
+/// Runs `meanwhile` (the registration, which walks `guest` from its start)
+/// on this thread while up to `threads` others populate `guest` for writing
+/// (`GuestRange::populate_write`) in pieces from its end back to its start,
+/// until `cancel` is set; returns what `meanwhile` did and the bytes
+/// populated.
+fn prefault_while<T>(
+    guest: GuestRange,
+    threads: usize,
+    cancel: &AtomicBool,
+    counters: &Counters,
+    meanwhile: impl FnOnce() -> T,
+) -> (T, u64) {
     let len = guest.len();
     let pieces = len.div_ceil(PIECE);
-    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cpus.saturating_sub(spare_cpus).clamp(1, MAX_THREADS).min(pieces as usize);
-    let next = AtomicU64::new(0);
-    // No thread populates before all have started: a thread's start maps its
-    // stack and signal stack (the mmap lock again).
-    let started = Barrier::new(threads);
-    thread::scope(|s| {
+    let threads = threads.min(pieces as usize);
+    let (next, populated) = (AtomicU64::new(0), AtomicU64::new(0));
+    // Nothing populates or registers before all have started: a thread's
+    // start maps its stack and signal stack (the mmap lock again).
+    let started = Barrier::new(threads + 1);
+    let done = thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 started.wait();
@@ -152,14 +184,18 @@ fn prefault(guest: GuestRange, spare_cpus: usize, cancel: &AtomicBool, counters:
                     if i >= pieces || cancel.load(Ordering::Relaxed) {
                         return;
                     }
-                    let start = i * PIECE;
+                    let start = (pieces - 1 - i) * PIECE;
                     let n = PIECE.min(len - start);
                     guest.sub(start, n).populate_write();
+                    populated.fetch_add(n, Ordering::Relaxed);
                     Counters::add(&counters.pin_all_progress_bytes, n);
                 }
             });
         }
+        started.wait();
+        meanwhile()
     });
+    (done, populated.into_inner())
 }
 
 #[cfg(test)]
@@ -168,22 +204,23 @@ mod tests {
     use crate::host::guest::testing::Mapping;
     use crate::host::pagemap::{entries, page_size, PM_PRESENT};
 
-    /// Pages present in a fresh mapping of three pieces after `prefault`
-    /// with `cancel` as given, and the progress it counted.
-    fn prefaulted(cancelled: bool) -> (u64, u64) {
-        let len = 3 * PIECE;
+    /// Pages present in a fresh mapping of three pieces and a half after
+    /// `prefault_while` with `cancel` as given, the progress it counted and
+    /// the bytes it says it populated.
+    fn prefaulted(cancelled: bool) -> (u64, u64, u64) {
+        let len = 7 * PIECE / 2;
         let mem = Mapping::anonymous(len);
         let counters = Counters::default();
-        prefault(mem.range(), 0, &AtomicBool::new(cancelled), &counters);
+        let ((), populated) = prefault_while(mem.range(), 2, &AtomicBool::new(cancelled), &counters, || ());
         let ptr = mem.range().addr() as *const u8;
         let present = entries(ptr, len / page_size(), PM_PRESENT).iter().filter(|&&e| e != 0).count();
-        (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed))
+        (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed), populated)
     }
 
     #[test]
     fn prefault_populates_every_page_unless_cancelled() {
-        let len = 3 * PIECE;
-        assert_eq!(prefaulted(false), (len / page_size(), len));
-        assert_eq!(prefaulted(true), (0, 0));
+        let len = 7 * PIECE / 2;
+        assert_eq!(prefaulted(false), (len / page_size(), len, len));
+        assert_eq!(prefaulted(true), (0, 0, 0));
     }
 }
