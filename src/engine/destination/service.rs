@@ -171,8 +171,8 @@ impl Service {
     fn serve(&mut self) -> Result<Ending> {
         // Pin-all starts here, on its own thread, while the source gets ready
         // to ask for the blocks; the first READY goes out without waiting for it.
-        // It runs on every CPU (one registering, the others pre-faulting): the
-        // guest does not run here yet, and the source waits for it.
+        // It pre-faults on every CPU: the guest does not run here yet, and the
+        // source waits for it. (One thread leaves the other CPUs idle.)
         if self.link.negotiated.pin_all {
             self.pin_all = Some(self.pins.pin_all(self.dispatcher.ram(), written_by_source(), 0)?);
         }

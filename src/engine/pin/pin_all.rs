@@ -1,10 +1,9 @@
 //! Pin-all that scales: whole RAM blocks registered on a background thread
 //! that starts at connect, overlapping the RAM-blocks exchange. Each block
-//! is registered in one `ibv_reg_mr` (one key per block, as the protocol
-//! wants), which walks it from its start, faulting in what is missing;
-//! meanwhile the other threads pre-fault it from its end (`prefault`:
-//! allocating and zeroing pages is most of a registration's cost), so that
-//! the registration finds the rest present.
+//! is first pre-faulted by several threads (`prefault`: allocating and
+//! zeroing pages is most of a registration's cost), then registered in one
+//! `ibv_reg_mr` (one key per block, as the protocol wants), which then only
+//! walks present pages.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -25,7 +24,7 @@ use crate::{Error, ErrorKind, Result};
 /// wait. With 64 MiB pieces the second thread often could not start until
 /// the first had done nearly all (docs/benchmarks.md).
 const PIECE: u64 = 4 << 20;
-/// Threads at most, the registering one included.
+/// Pre-faulting threads at most.
 const MAX_THREADS: usize = 8;
 
 /// Registrations of whole blocks under way; `wait` for them. Dropped
@@ -43,9 +42,8 @@ pub(crate) struct PinAll {
 }
 
 impl PinAll {
-    /// Starts registering every block of `ram` with `access` on as many
-    /// threads as there are CPUs but `spare_cpus` (the registering one and
-    /// the pre-faulting ones); progress goes to
+    /// Starts registering every block of `ram` with `access`, pre-faulting
+    /// on all CPUs but `spare_cpus`; progress goes to
     /// `counters.pin_all_progress_bytes`, the registrations to `pinned_bytes`.
     pub fn start(
         pd: Arc<ProtectionDomain>,
@@ -56,13 +54,31 @@ impl PinAll {
     ) -> Result<PinAll> {
         let (result, cancel) = (Arc::new((Mutex::new(None), Condvar::new())), Arc::new(AtomicBool::new(false)));
         let (theirs, cancelled, counting) = (result.clone(), cancel.clone(), counters.clone());
-        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-        let prefaulting = cpus.saturating_sub(spare_cpus).clamp(1, MAX_THREADS) - 1;
         let thread = thread::Builder::new()
             .name("rdmamig-pinall".into())
             .spawn(move || {
-                let registered = register_all(&ram, &pd, access, prefaulting, &cancelled, &counting);
-                *theirs.0.lock() = Some(registered);
+                let mut mrs = Vec::with_capacity(ram.len());
+                for b in ram.blocks() {
+                    prefault(b.range(0, b.length), spare_cpus, &cancelled, &counting);
+                    if cancelled.load(Ordering::Relaxed) {
+                        break; // the result is dropped unread
+                    }
+                    match b.range(0, b.length).register(&pd, access) {
+                        Ok(mr) => {
+                            counting.pin(b.length);
+                            mrs.push(mr);
+                        }
+                        Err(e) => {
+                            let refused =
+                                super::budget::refusal(e, b.length, counting.pinned_bytes.load(Ordering::Relaxed));
+                            release(Ok(mrs), &counting);
+                            *theirs.0.lock() = Some(Err(refused));
+                            theirs.1.notify_all();
+                            return;
+                        }
+                    }
+                }
+                *theirs.0.lock() = Some(Ok(mrs));
                 theirs.1.notify_all();
             })
             .map_err(|e| Error::new(ErrorKind::State, format!("cannot start the pin-all thread: {e}")))?;
@@ -80,7 +96,8 @@ impl PinAll {
             if stop.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Aborted, "aborted while pinning all guest RAM"));
             }
-            // Woken when the result is in; `stop` has no signal.
+            // Woken as soon as the result is in (a 10 ms poll cost each side
+            // 5 ms on average); `stop` has no signal.
             done.wait_for(&mut slot, Duration::from_millis(10));
         }
     }
@@ -111,42 +128,6 @@ pub fn pin_all_blocks(
     PinAll::start(pd, ram.clone(), access, spare_cpus, Arc::default())?.wait(&AtomicBool::new(false))
 }
 
-/// Registers every block of `ram`, each while `prefaulting` threads
-/// pre-fault it from its end, until `cancel` is set (then the result is
-/// dropped unread). On a refusal, what was registered is released.
-fn register_all(
-    ram: &RamBlocks,
-    pd: &Arc<ProtectionDomain>,
-    access: Access,
-    prefaulting: usize,
-    cancel: &AtomicBool,
-    counters: &Counters,
-) -> Result<Vec<MemoryRegion>> {
-    let mut mrs = Vec::with_capacity(ram.len());
-    for b in ram.blocks() {
-        if cancel.load(Ordering::Relaxed) {
-            break;
-        }
-        let guest = b.range(0, b.length);
-        let (registered, prefaulted) =
-            prefault_while(guest, prefaulting, cancel, counters, || guest.register(pd, access));
-        // The registration faulted in what the pre-faulting did not reach.
-        Counters::add(&counters.pin_all_progress_bytes, b.length - prefaulted);
-        match registered {
-            Ok(mr) => {
-                counters.pin(b.length);
-                mrs.push(mr);
-            }
-            Err(e) => {
-                let refused = super::budget::refusal(e, b.length, counters.pinned_bytes.load(Ordering::Relaxed));
-                release(Ok(mrs), counters);
-                return Err(refused);
-            }
-        }
-    }
-    Ok(mrs)
-}
-
 /// Deregisters registrations nobody took, and uncounts them.
 fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     for mr in result.into_iter().flatten() {
@@ -156,26 +137,19 @@ fn release(result: Result<Vec<MemoryRegion>>, counters: &Counters) {
     }
 }
 
-/// Runs `meanwhile` (the registration, which walks `guest` from its start)
-/// on this thread while up to `threads` others populate `guest` for writing
-/// (`GuestRange::populate_write`) in pieces from its end back to its start,
-/// until `cancel` is set; returns what `meanwhile` did and the bytes
-/// populated.
-fn prefault_while<T>(
-    guest: GuestRange,
-    threads: usize,
-    cancel: &AtomicBool,
-    counters: &Counters,
-    meanwhile: impl FnOnce() -> T,
-) -> (T, u64) {
+/// Populates `guest` for writing (`GuestRange::populate_write`), in pieces
+/// on as many threads as there are CPUs but `spare_cpus`, until `cancel` is
+/// set.
+fn prefault(guest: GuestRange, spare_cpus: usize, cancel: &AtomicBool, counters: &Counters) {
     let len = guest.len();
     let pieces = len.div_ceil(PIECE);
-    let threads = threads.min(pieces as usize);
-    let (next, populated) = (AtomicU64::new(0), AtomicU64::new(0));
-    // Nothing populates or registers before all have started: a thread's
-    // start maps its stack and signal stack (the mmap lock again).
-    let started = Barrier::new(threads + 1);
-    let done = thread::scope(|s| {
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cpus.saturating_sub(spare_cpus).clamp(1, MAX_THREADS).min(pieces as usize);
+    let next = AtomicU64::new(0);
+    // No thread populates before all have started: a thread's start maps its
+    // stack and signal stack (the mmap lock again).
+    let started = Barrier::new(threads);
+    thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 started.wait();
@@ -184,18 +158,14 @@ fn prefault_while<T>(
                     if i >= pieces || cancel.load(Ordering::Relaxed) {
                         return;
                     }
-                    let start = (pieces - 1 - i) * PIECE;
+                    let start = i * PIECE;
                     let n = PIECE.min(len - start);
                     guest.sub(start, n).populate_write();
-                    populated.fetch_add(n, Ordering::Relaxed);
                     Counters::add(&counters.pin_all_progress_bytes, n);
                 }
             });
         }
-        started.wait();
-        meanwhile()
     });
-    (done, populated.into_inner())
 }
 
 #[cfg(test)]
@@ -204,23 +174,22 @@ mod tests {
     use crate::host::guest::testing::Mapping;
     use crate::host::pagemap::{entries, page_size, PM_PRESENT};
 
-    /// Pages present in a fresh mapping of three pieces and a half after
-    /// `prefault_while` with `cancel` as given, the progress it counted and
-    /// the bytes it says it populated.
-    fn prefaulted(cancelled: bool) -> (u64, u64, u64) {
-        let len = 7 * PIECE / 2;
+    /// Pages present in a fresh mapping of three pieces after `prefault`
+    /// with `cancel` as given, and the progress it counted.
+    fn prefaulted(cancelled: bool) -> (u64, u64) {
+        let len = 3 * PIECE;
         let mem = Mapping::anonymous(len);
         let counters = Counters::default();
-        let ((), populated) = prefault_while(mem.range(), 2, &AtomicBool::new(cancelled), &counters, || ());
+        prefault(mem.range(), 0, &AtomicBool::new(cancelled), &counters);
         let ptr = mem.range().addr() as *const u8;
         let present = entries(ptr, len / page_size(), PM_PRESENT).iter().filter(|&&e| e != 0).count();
-        (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed), populated)
+        (present as u64, counters.pin_all_progress_bytes.load(Ordering::Relaxed))
     }
 
     #[test]
     fn prefault_populates_every_page_unless_cancelled() {
-        let len = 7 * PIECE / 2;
-        assert_eq!(prefaulted(false), (len / page_size(), len, len));
-        assert_eq!(prefaulted(true), (0, 0, 0));
+        let len = 3 * PIECE;
+        assert_eq!(prefaulted(false), (len / page_size(), len));
+        assert_eq!(prefaulted(true), (0, 0));
     }
 }
