@@ -27,6 +27,9 @@ const PIECE: u64 = 4 << 20;
 /// Pre-faulting threads at most.
 const MAX_THREADS: usize = 8;
 
+/// The registrations of every block, one each, or why not.
+type Registered = Result<Vec<MemoryRegion>>;
+
 /// Registrations of whole blocks under way; `wait` for them. Dropped
 /// unfinished, it stops the thread (before its next 4 MiB piece, or once
 /// the block it is registering is done) and waits for it, then drops the
@@ -34,7 +37,7 @@ const MAX_THREADS: usize = 8;
 /// connection's end, when the hypervisor may unmap it.
 pub(crate) struct PinAll {
     /// Where the thread leaves its result, and its signal that it did.
-    result: Arc<(Mutex<Option<Result<Vec<MemoryRegion>>>>, Condvar)>,
+    result: Arc<(Mutex<Option<Registered>>, Condvar)>,
     /// Nobody will take the result: the thread stops.
     cancel: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
