@@ -33,6 +33,8 @@
 #                        ib_read_lat, median of 3 guest boots (scripts/bench-qemu-postcopy.sh)
 #   make bench-demo      the demo, optimised and without sanitizers, next to ib_write_bw in one guest boot
 #   make bench-unregister  the unregistration worker on vs off (examples/unregister_bench.rs), 3 guest boots
+#   make bench-registration  pin-all against a bare ibv_reg_mr loop over the same memory
+#                        (examples/registration_bench.rs, scripts/bench-registration.sh), 3 guest boots
 #   make bench-native    the library's CPU cost per GiB and its tables at 1, 2, 4 TiB, on the host
 #                        (no RDMA device, no guest; examples/native_bench.rs, scripts/bench-native.py),
 #                        plots into docs/ (BENCH_NATIVE_ARGS, e.g. BENCH_NATIVE_ARGS=--quick)
@@ -102,7 +104,7 @@ MINIMAL_SRCS    := $(wildcard examples/c/minimal/*.c)
 MINIMAL_BINS    := $(patsubst examples/c/minimal/%.c,$(CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 VG_MINIMAL_BINS := $(patsubst examples/c/minimal/%.c,$(VG_CTEST_DIR)/minimal_%,$(MINIMAL_SRCS))
 
-.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-qemu-postcopy bench-demo bench-unregister bench-native clean FORCE
+.PHONY: all install uninstall c-tests header-compile check generate header symbols check-abi docs man demo deb bench bench-postcopy bench-qemu bench-qemu-postcopy bench-demo bench-unregister bench-registration bench-native clean FORCE
 
 all: $(LIBOUT)/$(SONAME) $(LIBOUT)/librdmamig.so
 
@@ -248,6 +250,13 @@ bench-demo: all $(BENCH_DEMO)
 # three boots, medians (scripts/bench-unregister.sh; BENCH_BOOTS, RXE_VM_MEM).
 bench-unregister:
 	bash scripts/bench-unregister.sh --mib 1024
+
+# Registration at the kernel's rate: pin-all against a bare ibv_reg_mr loop
+# over the same memory, populated and fresh, one thread and every CPU; three
+# boots, medians (scripts/bench-registration.sh; BENCH_BOOTS, RXE_VM_MEM;
+# docs/benchmarks.md). Needs root.
+bench-registration:
+	bash scripts/bench-registration.sh --mib 1024
 
 # The native benchmark: both sides' CPU path per core beside a plain memory
 # read and a bitmap popcount, and the tables of 1, 2 and 4 TiB guests (time,

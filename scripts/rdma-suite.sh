@@ -29,14 +29,18 @@
 #   4a. bench:postcopy-smoke   the post-copy benchmark (examples/postcopy_bench.rs)
 #                              with --quick --no-anchors: fault and pull runs of
 #                              64 MiB, each byte-identical; PASS when it exits 0
-#   4b. soak:50                the soak (examples/soak.rs, built here like the
+#   4b. bench:registration-smoke  the registration benchmark
+#                              (examples/registration_bench.rs) with --quick:
+#                              pin-all and a bare ibv_reg_mr loop over 64 MiB;
+#                              PASS when it exits 0 (no figure is checked)
+#   4c. soak:50                the soak (examples/soak.rs, built here like the
 #                              benchmark) with --runs 50: 50 migrations through
 #                              one listener, every tenth with a killed or
 #                              aborted peer, each completed one byte-identical;
 #                              fds, threads, VmRSS, VmPin, heap and RDMA objects
 #                              flat from run 10 on (15-30 s in the guest;
 #                              scripts/soak.sh runs 1,000)
-#   4c. example:vm_memory      the Rust integration example examples/vm_memory.rs
+#   4d. example:vm_memory      the Rust integration example examples/vm_memory.rs
 #                              (built here like the benchmark; the C examples,
 #                              examples/c/*.c, are c:rdma_test_example_* in 3.)
 #   5. cli:doctor, cli:bench   the rdmamig CLI's tests (cli/tests/, feature
@@ -220,6 +224,15 @@ if exe=$(built example postcopy_bench build --release --features rdma-tests --ex
     add_step bench:postcopy-smoke "$exe" --quick --no-anchors
 else
     host_fail bench:postcopy-smoke "no executable for example postcopy_bench, see above"
+fi
+
+# The registration benchmark's smoke run: pin-all and the bare ibv_reg_mr
+# loop over 64 MiB (a few seconds in the guest); only its exit status counts.
+if exe=$(built example registration_bench build --release --features rdma-tests --example registration_bench) &&
+        [ -n "$exe" ]; then
+    add_step bench:registration-smoke "$exe" --quick
+else
+    host_fail bench:registration-smoke "no executable for example registration_bench, see above"
 fi
 
 # The soak's short run: 50 migrations through one listener, every tenth with

@@ -75,16 +75,22 @@ pub mod fuzzing {
     pub use crate::host::GuestRange;
 }
 
-/// What the host benchmarks (`examples/save_path.rs`,
-/// `examples/native_bench.rs`) drive directly, without a connection: the
-/// source's queueing front end, both sides' CPU path for saved RAM, and
-/// each zero scan. Not part of the API: only built with the
-/// `bench-internals` feature.
-#[cfg(feature = "bench-internals")]
+/// What the benchmarks drive directly, without a connection: for the host
+/// ones (`examples/save_path.rs`, `examples/native_bench.rs`; the
+/// `bench-internals` feature) the source's queueing front end, both sides'
+/// CPU path for saved RAM, and each zero scan; for the registration
+/// benchmark on an RDMA device (`examples/registration_bench.rs`; the
+/// `rdma-tests` feature) pin-all. Not part of the API.
+#[cfg(any(feature = "bench-internals", feature = "rdma-tests"))]
 #[doc(hidden)]
 pub mod bench_internals {
+    #[cfg(feature = "rdma-tests")]
+    pub use crate::engine::pin::pin_all_blocks;
+    #[cfg(feature = "bench-internals")]
     pub use crate::engine::source::cpu_path::{CpuPath, Posted};
+    #[cfg(feature = "bench-internals")]
     pub use crate::engine::source::front::Front;
+    #[cfg(feature = "bench-internals")]
     pub use crate::host::zero::{supported as zero_scans, Scan, Variant};
 }
 

@@ -14,6 +14,8 @@ mod unregister;
 pub(crate) use budget::{budget_for, CONTROL_PINNED};
 pub(crate) use fork::{fork_mode, settle_at_close};
 pub use lru::{Hint, Lru};
+#[cfg(feature = "rdma-tests")]
+pub use pin_all::pin_all_blocks;
 pub(crate) use pin_all::PinAll;
 pub(crate) use pins::{PinnedBuffer, Pins};
 pub use unregister::Unregistration;
