@@ -554,8 +554,8 @@ def killed_postcopy_source(env):
     src, dst = start_postcopy_at_once(env, what)
     src.proc.kill()
     src.proc.wait()
-    # The event comes even if the main loop waits on a vCPU that holds the
-    # BQL and waits on a missing page (then query-migrate cannot answer).
+    # By query-migrate, or by the event if the main loop waits on a vCPU
+    # that holds the BQL and waits on a missing page (no answer then).
     dst.qmp.wait_status("failed", 60)
     time.sleep(1)
     missing = re.search(r"(\d+) pages missing, vCPUs touching one stay blocked", open(dst.stderr.name).read())
