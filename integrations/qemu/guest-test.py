@@ -656,11 +656,10 @@ def postcopy_link_loss_recovered(env):
         f"events: {' -> '.join(dst.qmp.statuses)}); the guest checked its memory twice on the destination")
 
 
-def ib_write_bw(env):
-    """ib_write_bw's average at 1 MiB messages over rxe, Gbit/s (three tries:
-    the client may come before the server listens)."""
-    dev = os.environ.get("RXE_VM_DEV", "rxe0")
-    args = ["ib_write_bw", "-R", "-F", "-d", dev, "-s", "1048576", "-t", "16", "-D", "5", "--report_gbits"]
+def perftest(env, args):
+    """Runs perftest's ARGS over rxe as server and client (three tries: the
+    client may come before the server listens); the client's header line
+    and the line of figures under it."""
     for _ in range(3):
         server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
@@ -669,28 +668,25 @@ def ib_write_bw(env):
         lines = client.stdout.splitlines()
         for i, line in enumerate(lines[:-1]):
             if line.strip().startswith("#bytes"):
-                return float(lines[i + 1].split()[3])
-    raise RuntimeError(f"ib_write_bw gave no bandwidth: {client.stdout} {client.stderr}")
+                return line, lines[i + 1]
+    raise RuntimeError(f"{args[0]} gave no figures: {client.stdout} {client.stderr}")
+
+
+def ib_write_bw(env):
+    """ib_write_bw's average at 1 MiB messages over rxe, Gbit/s."""
+    dev = os.environ.get("RXE_VM_DEV", "rxe0")
+    _, figures = perftest(env, ["ib_write_bw", "-R", "-F", "-d", dev, "-s", "1048576", "-t", "16", "-D", "5",
+                                "--report_gbits"])
+    return float(figures.split()[3])
 
 
 def ib_read_lat(env):
-    """ib_read_lat's t_typical and 99th percentile at 4 KiB over rxe, us
-    (three tries, as ib_write_bw)."""
+    """ib_read_lat's t_typical and 99th percentile at 4 KiB over rxe, us."""
     dev = os.environ.get("RXE_VM_DEV", "rxe0")
-    args = ["ib_read_lat", "-R", "-F", "-d", dev, "-s", "4096", "-n", "10000"]
-    for _ in range(3):
-        server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1)
-        client = subprocess.run(args + [env.ip], capture_output=True, text=True)
-        server.wait(30)
-        lines = client.stdout.splitlines()
-        for i, line in enumerate(lines[:-1]):
-            if line.strip().startswith("#bytes"):
-                # "... t_typical[usec] ... 99% percentile[usec] 99.9% percentile[usec]"
-                names = line.replace(" percentile[usec]", "").split()
-                values = dict(zip(names, lines[i + 1].split()))
-                return float(values["t_typical[usec]"]), float(values["99%"])
-    raise RuntimeError(f"ib_read_lat gave no latency: {client.stdout} {client.stderr}")
+    header, figures = perftest(env, ["ib_read_lat", "-R", "-F", "-d", dev, "-s", "4096", "-n", "10000"])
+    # "... t_typical[usec] ... 99% percentile[usec] 99.9% percentile[usec]"
+    values = dict(zip(header.replace(" percentile[usec]", "").split(), figures.split()))
+    return float(values["t_typical[usec]"]), float(values["99%"])
 
 
 class LineTimes(threading.Thread):
