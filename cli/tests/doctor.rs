@@ -38,7 +38,7 @@ fn parse_devinfo(text: &str) -> BTreeMap<String, BTreeMap<u8, DevinfoPort>> {
         let l = line.trim();
         let value = |key: &str| l.strip_prefix(key).map(|v| v.trim().to_owned());
         if let Some(v) = value("hca_id:") {
-            dev = v;
+            (dev, port) = (v, 0);
             out.entry(dev.clone()).or_default();
         } else if let Some(v) = value("port:") {
             port = v.parse().expect("port number");
