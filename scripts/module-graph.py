@@ -9,7 +9,8 @@ src/); its crate root is SRC/lib.rs. The script follows the
 declarations and the paths in code that start with `crate::`, `super::`,
 `self::`, a child module or a name the module imported; each path is
 resolved through `use` re-exports to the module that defines what it names.
-Test code (items under #[cfg(test)]), comments and string literals are left
+Test code (items under #[cfg(test)]), comments, string literals and the
+paths of visibilities (`pub(in crate::a)`) are left
 out; the crate root (lib.rs, the public facade) is not a node.
 
 It draws the graph at the level that matters: the top-level modules, and
@@ -69,6 +70,7 @@ ATTRIBUTE = re.compile(r"\s*#\s*!?\s*\[")
 MOD_DECL = re.compile(r"\b(?:pub\s*(?:\([^)]*\)\s*)?)?mod\s+(" + IDENT + r")\s*([;{])")
 USE_DECL = re.compile(r"\b(?:pub\s*(?:\([^)]*\)\s*)?)?use\s+([^;]+);")
 ITEM = re.compile(r"\b(?:struct|enum|union|trait|type|fn|const|static|macro_rules\s*!)\s+(" + IDENT + r")")
+VISIBILITY_PATH = re.compile(r"\bpub\s*\(\s*in\s+[^)]*\)")
 PATH = re.compile(r"(?<![A-Za-z0-9_:$])(\$?" + IDENT + r")((?:\s*::\s*" + IDENT + r")+)")
 
 
@@ -251,6 +253,8 @@ def load(src, root_name="lib.rs"):
                 elif name != "_":
                     module.bindings[name] = segs
         text = USE_DECL.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+        # A visibility's path (`pub(in crate::a)`) names where an item may be seen, not what it uses.
+        text = VISIBILITY_PATH.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
         module.items.update(ITEM.findall(text))
         for m in PATH.finditer(text):
             segs = (m.group(1),) + tuple(s.strip() for s in m.group(2).split("::")[1:])
