@@ -276,7 +276,7 @@ fn path(report: &mut Report, sizes: &Sizes) {
         let (mut rates, mut reads) = (Vec::new(), Vec::new());
         for _ in 0..RUNS {
             reads.push(plain_read(memory.ptr, len));
-            let front = Front::new(blocks(&memory, 1, len));
+            let front = Front::new(blocks(&memory, 1, len), None);
             let mut path = CpuPath::new(blocks(&memory, 1, len), blocks(&dest, 1, len)).unwrap();
             let secs = cpu_secs(|| window(&front, &mut path, &bits, len / PAGE, None));
             let posted = path.posted;
@@ -313,7 +313,7 @@ fn path(report: &mut Report, sizes: &Sizes) {
     println!("path (b): later windows over a {} GiB block, dirty GB/s per core (covered GB/s)", len / GIB);
     let memory = map(len).expect("mmap");
     let dest = map(len).expect("mmap");
-    let front = Front::new(blocks(&memory, 1, len));
+    let front = Front::new(blocks(&memory, 1, len), None);
     let mut path = CpuPath::new(blocks(&memory, 1, len), blocks(&dest, 1, len)).unwrap();
     path.register_all().unwrap();
     for ratio in [0.01, 0.1, 1.0] {
@@ -380,7 +380,7 @@ fn scale(report: &mut Report, sizes: &Sizes) {
         for _ in 0..RUNS {
             let heap_before = HEAP.load(Ordering::Relaxed);
             let t = Instant::now();
-            let front = Front::new(blocks(&memory, 4, guest / 4));
+            let front = Front::new(blocks(&memory, 4, guest / 4), None);
             let mut path = CpuPath::new(blocks(&memory, 4, guest / 4), blocks(&dest, 4, guest / 4)).unwrap();
             setup.push(t.elapsed().as_secs_f64());
             heap.push((HEAP.load(Ordering::Relaxed) - heap_before) as f64);

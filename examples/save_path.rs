@@ -117,7 +117,7 @@ fn bitmap_save() {
     let mut ram = RamBlocks::new();
     // SAFETY: the mapping stays until the end of this function, after the front is gone.
     unsafe { ram.add("pc.ram", host, 0, len) }.expect("block");
-    let front = Arc::new(Front::new(ram));
+    let front = Arc::new(Front::new(ram, None));
     let drained = Arc::new(Drained::default());
     let drain = {
         let (front, drained) = (front.clone(), drained.clone());

@@ -5,7 +5,7 @@
 #      and, for the test-only ones, capi/c-tests/rdmamig_testing.h;
 #   3. SONAME is librdmamig.so.<MAJOR>;
 #   4. every exported symbol carries a version node of capi/abi/rdmamig.map
-#      (today: RDMAMIG_0.1 to RDMAMIG_0.15), none is unversioned;
+#      (today: RDMAMIG_0.1 to RDMAMIG_0.16), none is unversioned;
 #   5. the header's values (enum values, constants, struct sizes) are exactly
 #      capi/abi/values.txt: a value that changed, vanished or came without
 #      being recorded fails (a change of meaning must be deliberate, and

@@ -7,7 +7,8 @@
  * on $RXE_VM_IP (default 198.18.0.1); the destination listens on port 0 and
  * passes the port up a pipe.
  *
- * Source (an ordinary, blocking source): N MiB of guest RAM in one block, a
+ * Source (an ordinary, blocking source, its saves bounded to 1 MiB queued
+ * ahead of the link): N MiB of guest RAM in one block, a
  * pseudo-random pattern except one all-zero MiB. Stream: a header (magic,
  * rounds, payload length), then after each precopy round a piece of payload
  * (odd sizes, flushed between windows), then the FNV-1a hash of its RAM.
@@ -297,6 +298,7 @@ static int source(unsigned mib, uint16_t port) {
     ram = registry(host, len);
     EXPECT(ram);
     TRY(NULL, rdmamig_config_set_timeout_ms(cfg, SETUP_TIMEOUT_MS));
+    TRY(NULL, rdmamig_config_set_max_queued_bytes(cfg, MIB));
     TRY(NULL, rdmamig_connect(rdma_ip(), port, cfg, ram, &conn));
     int fd = -1;
     TRY(conn, rdmamig_conn_event_fd(conn, &fd));

@@ -85,6 +85,7 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_tos(NULL, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_return_path(NULL, true), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_max_bandwidth(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
+    CHECK_STATUS(rdmamig_config_set_max_queued_bytes(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_postcopy_recovery_ms(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     CHECK_STATUS(rdmamig_config_set_handshake_timeout_ms(NULL, 1), RDMAMIG_ERR_NULL_PARAMETER);
     rdmamig_config_free(NULL); /* no-op */
@@ -129,6 +130,8 @@ static void test_null_and_config(void) {
     CHECK_STATUS(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_max_bandwidth(c, 100u << 20), RDMAMIG_OK);
     CHECK_STATUS(rdmamig_config_set_max_bandwidth(c, 0), RDMAMIG_OK); /* no cap */
+    CHECK_STATUS(rdmamig_config_set_max_queued_bytes(c, 4u << 20), RDMAMIG_OK);
+    CHECK_STATUS(rdmamig_config_set_max_queued_bytes(c, 0), RDMAMIG_OK); /* no bound */
     rdmamig_config_free(c);
     /* No connection, no worker: nothing to wait for. */
     CHECK_STATUS(rdmamig_unregister_flush(), RDMAMIG_OK);

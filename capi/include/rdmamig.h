@@ -26,7 +26,7 @@
 #include <sys/uio.h>
 /* The version of the header; compare with rdmamig_version() at run time. */
 #define RDMAMIG_VERSION_MAJOR 0
-#define RDMAMIG_VERSION_MINOR 15
+#define RDMAMIG_VERSION_MINOR 16
 #define RDMAMIG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define RDMAMIG_VERSION_NUMBER (RDMAMIG_VERSION_MAJOR * 10000 + RDMAMIG_VERSION_MINOR * 100 + RDMAMIG_VERSION_PATCH)
@@ -1175,6 +1175,19 @@ rdmamig_status rdmamig_config_set_max_bandwidth(struct rdmamig_config *config,
                                                 uint64_t bytes_per_second);
 
 /**
+ * Source: the most bytes of RAM that `rdmamig_conn_save`,
+ * `rdmamig_conn_save_ranges` and `rdmamig_conn_save_bitmap` keep queued
+ * ahead of the library's transfer thread. Past it, a call queues its pages
+ * and then waits until the queue is back within the bound (or the
+ * connection failed), instead of returning at once. 0 (the default): no
+ * bound, every save returns at once. A hypervisor that ends an iteration
+ * after a time (QEMU: 50 ms) sets a few MiB: on a link slower than its
+ * loop, `rdmamig_conn_iteration_end` then waits for at most that much
+ * instead of all the loop queued. Since 0.16.
+ */
+rdmamig_status rdmamig_config_set_max_queued_bytes(struct rdmamig_config *config, uint64_t bytes);
+
+/**
  * The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
  * (ECN 01 or 10 makes them ECN-capable). The source's value marks both
  * directions, data and ACKs: the destination's side of a connection takes
@@ -1324,6 +1337,8 @@ rdmamig_status rdmamig_conn_iteration_begin(struct rdmamig_conn *conn);
  * returns). All-zero ranges are sent as such and not written. Valid only
  * inside an iteration window (`RDMAMIG_ERR_STATE` otherwise);
  * `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown block or a range outside it.
+ * With `rdmamig_config_set_max_queued_bytes` (0.16) it returns once the
+ * queue is within that bound again (this and the other save calls).
  *
  * Thread safety: may be called from several threads at once (e.g. one per
  * dirty-bitmap slice), and concurrently with the other functions taking a

@@ -387,6 +387,25 @@ pub extern "C" fn rdmamig_config_set_max_bandwidth(
     }
 }
 
+/// Source: the most bytes of RAM that `rdmamig_conn_save`,
+/// `rdmamig_conn_save_ranges` and `rdmamig_conn_save_bitmap` keep queued
+/// ahead of the library's transfer thread. Past it, a call queues its pages
+/// and then waits until the queue is back within the bound (or the
+/// connection failed), instead of returning at once. 0 (the default): no
+/// bound, every save returns at once. A hypervisor that ends an iteration
+/// after a time (QEMU: 50 ms) sets a few MiB: on a link slower than its
+/// loop, `rdmamig_conn_iteration_end` then waits for at most that much
+/// instead of all the loop queued. Since 0.16.
+#[no_mangle]
+pub extern "C" fn rdmamig_config_set_max_queued_bytes(config: *mut rdmamig_config, bytes: u64) -> rdmamig_status {
+    ffi_boundary! {
+        set(config, "rdmamig_config_set_max_queued_bytes", |c| {
+            c.max_queued_bytes = (bytes != 0).then_some(bytes);
+            Ok(())
+        })
+    }
+}
+
 /// The IP ToS byte of the connection's RoCEv2 packets: `DSCP << 2 | ECN`
 /// (ECN 01 or 10 makes them ECN-capable). The source's value marks both
 /// directions, data and ACKs: the destination's side of a connection takes
@@ -429,6 +448,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_tos(c, 0x6a), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_return_path(c, true), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_max_bandwidth(c, 100 << 20), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_max_queued_bytes(c, 4 << 20), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_recovery_ms(c, 20_000), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_hypervisor_userfaultfd(c, true), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_keep_blocked(c, true), RDMAMIG_OK);
@@ -450,6 +470,7 @@ mod tests {
                 tos: 0x6a,
                 return_path: true,
                 max_bandwidth: Some(100 << 20),
+                max_queued_bytes: Some(4 << 20),
                 postcopy_recovery: Some(Duration::from_secs(20)),
                 postcopy_recovery_by_hypervisor: true,
                 hypervisor_userfaultfd: true,
@@ -459,9 +480,11 @@ mod tests {
         assert_eq!(rdmamig_config_set_liveness_ms(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_pin_budget(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_max_bandwidth(c, 0), RDMAMIG_OK);
+        assert_eq!(rdmamig_config_set_max_queued_bytes(c, 0), RDMAMIG_OK);
         assert_eq!(rdmamig_config_set_postcopy_recovery_ms(c, 0), RDMAMIG_OK);
         let got = try_from_ptr(c as *const rdmamig_config).unwrap();
         assert_eq!((got.liveness, got.pin_budget, got.max_bandwidth, got.postcopy_recovery), (None, None, None, None));
+        assert_eq!(got.max_queued_bytes, None);
         rdmamig_config_free(c);
     }
 
@@ -500,6 +523,7 @@ mod tests {
         assert_eq!(rdmamig_config_set_tos(n, 0xb8), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_return_path(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_max_bandwidth(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
+        assert_eq!(rdmamig_config_set_max_queued_bytes(n, 1), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_postcopy_keep_blocked(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         assert_eq!(rdmamig_config_set_postcopy_recovery_by_hypervisor(n, true), RDMAMIG_ERR_NULL_PARAMETER);
         rdmamig_config_free(n);

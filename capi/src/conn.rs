@@ -299,6 +299,8 @@ pub extern "C" fn rdmamig_conn_iteration_begin(conn: *mut rdmamig_conn) -> rdmam
 /// returns). All-zero ranges are sent as such and not written. Valid only
 /// inside an iteration window (`RDMAMIG_ERR_STATE` otherwise);
 /// `RDMAMIG_ERR_INVALID_ARGUMENT` for an unknown block or a range outside it.
+/// With `rdmamig_config_set_max_queued_bytes` (0.16) it returns once the
+/// queue is within that bound again (this and the other save calls).
 ///
 /// Thread safety: may be called from several threads at once (e.g. one per
 /// dirty-bitmap slice), and concurrently with the other functions taking a

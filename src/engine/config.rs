@@ -86,6 +86,15 @@ pub struct Config {
     /// stretch: idle time earns no burst. `None`: as fast as the link goes.
     /// `Source::set_max_bandwidth` changes it during a migration.
     pub max_bandwidth: Option<u64>,
+    /// Source: the most bytes of RAM queued by the save calls and not yet
+    /// taken by the transfer thread; past it, a save queues its range and
+    /// then waits until the queue is back within the bound. `None` (the
+    /// default): a save returns at once, however much is queued. A
+    /// hypervisor that ends an iteration after a time (QEMU: 50 ms) sets
+    /// it, so that the window's end waits for at most this much: otherwise
+    /// a link slower than the hypervisor's loop leaves the window's end to
+    /// wait for all it queued.
+    pub max_queued_bytes: Option<u64>,
     /// Post-copy (rdmamig extension), on either side: how long to wait for a
     /// lost connection to come back once the guest runs on the destination
     /// (`None`: not at all, post-copy fails at once). A source with it
@@ -140,6 +149,7 @@ impl Default for Config {
             tos: 0,
             return_path: false,
             max_bandwidth: None,
+            max_queued_bytes: None,
             postcopy_recovery: None,
             postcopy_recovery_by_hypervisor: false,
             hypervisor_userfaultfd: false,

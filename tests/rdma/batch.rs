@@ -157,3 +157,9 @@ fn batch_saves_between_rdmamig_peers() {
 fn batch_saves_qemu_compatible_pin_all() {
     batch_saves_migrate_byte_identical(Config { extensions: false, pin_all: true, ..Config::default() });
 }
+
+#[test]
+fn batch_saves_with_a_bound_on_queued_bytes() {
+    // Saves wait for the transfer thread past 1 MiB queued: every one still arrives.
+    batch_saves_migrate_byte_identical(Config { max_queued_bytes: Some(MIB), ..Config::default() });
+}

@@ -49,6 +49,25 @@ pub(super) enum Command {
 }
 
 impl Command {
+    /// The bytes of RAM this command saves (0 for the others).
+    pub fn saved_bytes(&self) -> u64 {
+        match self {
+            Command::Save { len, .. } => *len,
+            Command::Group(group) => group.iter().map(|r| r.len).sum(),
+            Command::Bitmap { page_size, pages, words, .. } => {
+                // Bits from `pages` on are not pages: the last word is masked.
+                let whole = (*pages / 64) as usize;
+                let full: u64 = words[..whole.min(words.len())].iter().map(|w| u64::from(w.count_ones())).sum();
+                let tail = match (pages % 64, words.get(whole)) {
+                    (0, _) | (_, None) => 0,
+                    (bits, Some(w)) => u64::from((w & ((1u64 << bits) - 1)).count_ones()),
+                };
+                (full + tail) * page_size
+            }
+            _ => 0,
+        }
+    }
+
     pub fn done(&self) -> Option<&Arc<Done>> {
         match self {
             Command::Sync(d) | Command::EndIteration(d) | Command::End(d) | Command::Postcopy(_, _, d) => Some(d),

@@ -138,6 +138,7 @@ impl CpuPath {
     /// does) sends what is still merging and has every chunk it awaits registered.
     pub fn drain(&mut self, front: &Front) -> Result<()> {
         while let Some(cmd) = front.pop() {
+            front.taken(front.counted(&cmd));
             match cmd {
                 Command::Save { block, offset, len } => self.save(block, offset, len)?,
                 Command::Group(group) => {

@@ -16,7 +16,7 @@
 //! short of one (or of a queue slot) spins briefly, then sleeps until the
 //! transfer thread frees one.
 
-use std::sync::atomic::{fence, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::Duration;
@@ -91,10 +91,14 @@ pub struct Front {
     waiting: AtomicUsize,
     room: Mutex<()>,
     room_freed: Condvar,
+    /// Bytes of RAM in queued commands (`Command::saved_bytes`), and the
+    /// bound past which a save waits (`Config::max_queued_bytes`).
+    queued_bytes: AtomicU64,
+    max_queued_bytes: Option<u64>,
 }
 
 impl Front {
-    pub fn new(ram: RamBlocks) -> Front {
+    pub fn new(ram: RamBlocks, max_queued_bytes: Option<u64>) -> Front {
         Front {
             queue: ArrayQueue::new(QUEUE_CAPACITY),
             ranges: Pool::new(),
@@ -106,6 +110,8 @@ impl Front {
             waiting: AtomicUsize::new(0),
             room: Mutex::new(()),
             room_freed: Condvar::new(),
+            queued_bytes: AtomicU64::new(0),
+            max_queued_bytes,
         }
     }
 
@@ -240,9 +246,13 @@ impl Front {
         Ok(())
     }
 
-    /// As `push`, but wakes the transfer thread only while the queue is full.
+    /// As `push`, but wakes the transfer thread only while the queue is full
+    /// (or holds more bytes than its bound).
     fn push_quietly(&self, cmd: Command) -> Result<()> {
         self.error.check()?;
+        let bytes = self.counted(&cmd);
+        // Counted before it can be popped: the transfer thread subtracts it.
+        self.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
         let mut cmd = Some(cmd);
         let mut attempt = || match self.queue.push(cmd.take().expect("put back on failure")) {
             Ok(()) => Some(()),
@@ -252,9 +262,14 @@ impl Front {
             }
         };
         if attempt().is_none() {
-            self.until_room(attempt)?;
+            self.until_room(attempt).inspect_err(|_| self.taken(bytes))?;
         }
-        Ok(())
+        match self.max_queued_bytes {
+            Some(max) if bytes > 0 => {
+                self.until_room(|| (self.queued_bytes.load(Ordering::SeqCst) <= max).then_some(()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Retries `attempt` until it succeeds: a short spin, then sleeps woken
@@ -307,6 +322,19 @@ impl Front {
         cmd
     }
 
+    /// The bytes of `cmd` the bound counts: none without a bound.
+    pub(super) fn counted(&self, cmd: &Command) -> u64 {
+        self.max_queued_bytes.map_or(0, |_| cmd.saved_bytes())
+    }
+
+    /// The transfer thread has handled a command that counted `bytes`.
+    pub(super) fn taken(&self, bytes: u64) {
+        if bytes > 0 {
+            self.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            self.freed();
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
@@ -337,7 +365,9 @@ impl Front {
     /// (the group goes back for reuse), or `None` when the queue is empty.
     #[cfg(feature = "bench-internals")]
     pub fn drain_one(&self) -> Option<(u64, u64)> {
-        Some(match self.pop()? {
+        let cmd = self.pop()?;
+        self.taken(self.counted(&cmd));
+        Some(match cmd {
             Command::Save { len, .. } => (1, len),
             Command::Group(g) => {
                 let counted = (g.len() as u64, g.iter().map(|r| r.len).sum());
@@ -399,10 +429,15 @@ mod tests {
 
     /// A front over one block of `BLOCK` bytes (reserved, never touched: the front reads no RAM).
     fn front() -> (Front, Mapping) {
+        bounded_front(None)
+    }
+
+    /// As `front`, with `Config::max_queued_bytes`.
+    fn bounded_front(max_queued_bytes: Option<u64>) -> (Front, Mapping) {
         let ram = Mapping::anonymous(BLOCK);
         let mut blocks = RamBlocks::new();
         blocks.add_range("pc.ram", ram.range(), 0).unwrap();
-        (Front::new(blocks), ram)
+        (Front::new(blocks, max_queued_bytes), ram)
     }
 
     /// Pops everything queued: the ranges of each entry (a `Save` as one).
@@ -522,6 +557,63 @@ mod tests {
             assert!(*ranges == want, "caller {c}: {} ranges", ranges.len());
         }
         assert!(front.ranges.made.load(Ordering::Relaxed) <= MAX_GROUPS);
+    }
+
+    #[test]
+    fn saves_wait_while_more_than_the_bound_is_queued() {
+        const MAX: u64 = 1 << 20;
+        const SAVE: u64 = 256 << 10;
+        let (front, _ram) = bounded_front(Some(MAX));
+        front.open_window();
+        let returned = AtomicUsize::new(0);
+        thread::scope(|s| {
+            let saver = s.spawn(|| {
+                for i in 0..16 {
+                    front.save(0, i * SAVE, SAVE)?;
+                    assert!(front.queued_bytes.load(Ordering::SeqCst) <= MAX, "save {i} returned over the bound");
+                    returned.fetch_add(1, Ordering::SeqCst);
+                }
+                front.save_bitmap(0, &[u64::MAX; 4], 0, 4 * 64, 16 << 10)
+            });
+            // Four saves fill the bound; the fifth is queued and waits.
+            while front.waiting.load(Ordering::SeqCst) == 0 {
+                assert!(!saver.is_finished(), "the saver never waited");
+                thread::yield_now();
+            }
+            assert_eq!(returned.load(Ordering::SeqCst), 4);
+            assert_eq!(front.queued_bytes.load(Ordering::SeqCst), 5 * SAVE);
+            // Each command the consumer takes lets a waiting save return.
+            front.set_consumer(thread::current());
+            let mut taken = Vec::new();
+            while !saver.is_finished() || !front.is_empty() {
+                match front.pop() {
+                    Some(cmd) => {
+                        taken.push(front.counted(&cmd));
+                        front.taken(*taken.last().unwrap());
+                    }
+                    None => thread::park_timeout(Duration::from_millis(1)),
+                }
+            }
+            saver.join().unwrap().unwrap();
+            // 16 saves, and the bitmap's 256 pages of 16 KiB in one entry.
+            assert_eq!(taken, [[SAVE; 16].as_slice(), &[4 << 20]].concat());
+        });
+        assert_eq!(front.queued_bytes.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_command_counts_the_bytes_it_saves() {
+        let bitmap = |pages, words: Vec<u64>| Command::Bitmap { block: 0, offset: 0, page_size: 4096, pages, words };
+        // Bits from `pages` on are not pages.
+        assert_eq!(bitmap(70, vec![u64::MAX, u64::MAX]).saved_bytes(), 70 * 4096);
+        assert_eq!(bitmap(128, vec![0b1011, 1 << 63]).saved_bytes(), 4 * 4096);
+        assert_eq!(bitmap(64, vec![u64::MAX, u64::MAX]).saved_bytes(), 64 * 4096);
+        assert_eq!(Command::Group(vec![page(0), SaveRange { len: 10, ..page(3) }]).saved_bytes(), 4106);
+        assert_eq!(Command::Save { block: 0, offset: 0, len: 7 }.saved_bytes(), 7);
+        assert_eq!(Command::Stream(vec![0; 100]).saved_bytes(), 0);
+        // Without a bound nothing is counted.
+        let (front, _ram) = front();
+        assert_eq!(front.counted(&Command::Save { block: 0, offset: 0, len: 7 }), 0);
     }
 
     #[test]

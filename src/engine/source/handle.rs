@@ -153,7 +153,8 @@ impl Source {
     }
 
     /// Queues `len` bytes at `offset` of block `block` for transfer and
-    /// returns at once. (`save_ranges` and `save_bitmap` queue many at once.)
+    /// returns at once, or with `Config::max_queued_bytes` once the queue is
+    /// within it again. (`save_ranges` and `save_bitmap` queue many at once.)
     pub fn save(&self, block: u32, offset: u64, len: u64) -> Result<()> {
         self.shared.front.save(block, offset, len)
     }

@@ -29,7 +29,7 @@ pub(super) struct Shared {
 impl Shared {
     pub fn new(ram: RamBlocks, counters: Arc<Counters>, event: Readiness, config: &Config) -> Arc<Shared> {
         Arc::new(Shared {
-            front: Front::new(ram),
+            front: Front::new(ram, config.max_queued_bytes),
             counters,
             closing: AtomicBool::new(false),
             max_bandwidth: AtomicU64::new(config.max_bandwidth.unwrap_or(0)),

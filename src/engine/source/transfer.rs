@@ -148,8 +148,10 @@ impl Transfer {
                 Some(cmd) => {
                     let done = cmd.done().cloned();
                     let last = matches!(cmd, Command::End(_));
+                    let bytes = self.shared.front.counted(&cmd);
                     // A REGISTER response that arrived meanwhile is taken at once: its writes go out.
                     let handled = self.handle(cmd).and_then(|()| self.poll_registration(false).map(drop));
+                    self.shared.front.taken(bytes);
                     if let Err(e) = handled {
                         if let Some(d) = done {
                             d.set(Err(e.clone()));
