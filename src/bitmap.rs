@@ -30,6 +30,13 @@ pub(crate) fn count(words: &[u64]) -> u64 {
     words.iter().map(|w| u64::from(w.count_ones())).sum()
 }
 
+/// The set bits among the first `n` (`words` holds at least that many).
+pub(crate) fn count_first(words: &[u64], n: u64) -> u64 {
+    let (full, tail) = ((n / 64) as usize, n % 64);
+    let last = if tail > 0 { u64::from((words[full] & ((1 << tail) - 1)).count_ones()) } else { 0 };
+    count(&words[..full]) + last
+}
+
 /// The first set bit at or after `from`, below `end`.
 pub(crate) fn next_set(words: &[u64], from: u64, end: u64) -> Option<u64> {
     next(words, from, end, |w| w)
@@ -177,6 +184,14 @@ mod tests {
             }
         }
         assert_eq!(count(&words), 16 + 64 + 2);
+    }
+
+    #[test]
+    fn count_first_counts_like_a_bit_by_bit_walk() {
+        let words = [0xF0F0_0000_0000_00FFu64, !0, 0, 0x8000_0000_0000_0001];
+        for n in 0..=256 {
+            assert_eq!(count_first(&words, n), (0..n).filter(|&i| test(&words, i)).count() as u64, "{n}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::save_range::SaveRange;
+use crate::bitmap;
 use crate::engine::pin::Hint;
 use crate::engine::postcopy::{PostcopySummary, StalePages};
 use crate::engine::sync::Done;
@@ -54,16 +55,8 @@ impl Command {
         match self {
             Command::Save { len, .. } => *len,
             Command::Group(group) => group.iter().map(|r| r.len).sum(),
-            Command::Bitmap { page_size, pages, words, .. } => {
-                // Bits from `pages` on are not pages: the last word is masked.
-                let whole = (*pages / 64) as usize;
-                let full: u64 = words[..whole.min(words.len())].iter().map(|w| u64::from(w.count_ones())).sum();
-                let tail = match (pages % 64, words.get(whole)) {
-                    (0, _) | (_, None) => 0,
-                    (bits, Some(w)) => u64::from((w & ((1u64 << bits) - 1)).count_ones()),
-                };
-                (full + tail) * page_size
-            }
+            // Bits from `pages` on are not pages.
+            Command::Bitmap { page_size, pages, words, .. } => bitmap::count_first(words, *pages) * page_size,
             _ => 0,
         }
     }
