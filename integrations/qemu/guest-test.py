@@ -209,6 +209,14 @@ class Qmp:
             raise RuntimeError(f"{name}: {reply['error']['desc']}")
         return reply["return"]
 
+    def set_capabilities(self, states, check=True):
+        """migrate-set-capabilities with STATES (name: on); with CHECK off
+        the reply, a refusal too."""
+        capabilities = [{"capability": c, "state": on} for c, on in states.items()]
+        if check:
+            return self.ok("migrate-set-capabilities", capabilities=capabilities)
+        return self.cmd("migrate-set-capabilities", capabilities=capabilities)
+
     def status_now(self):
         """query-migrate's status; None when the main loop gives no answer
         within 5 s (it waits on a blocked vCPU)."""
@@ -282,8 +290,7 @@ class Vm:
         self.qmp = Qmp(f"{d}/{self.name}.qmp")
 
     def prepare(self, pin_all, key):
-        self.qmp.ok("migrate-set-capabilities",
-                    capabilities=[{"capability": "rdma-pin-all", "state": pin_all}])
+        self.qmp.set_capabilities({"rdma-pin-all": pin_all})
         if key is not None:
             self.qmp.ok("migrate-set-parameters", **{"x-rdma-auth-secret": key})
 
@@ -395,10 +402,8 @@ def postcopy(env, src, pin_all):
     dst = Vm(env, "patched", incoming=True)
     for vm in (src, dst):
         vm.prepare(pin_all, None)
-        vm.qmp.ok("migrate-set-capabilities",
-                  capabilities=[{"capability": "postcopy-ram", "state": True}])
-    dst.qmp.ok("migrate-set-capabilities",
-               capabilities=[{"capability": "postcopy-blocktime", "state": True}])
+        vm.qmp.set_capabilities({"postcopy-ram": True})
+    dst.qmp.set_capabilities({"postcopy-blocktime": True})
     # Pre-copy must not converge before the switch.
     src.qmp.ok("migrate-set-parameters", **{"downtime-limit": 1})
     uri = env.uri()
@@ -442,10 +447,6 @@ def refusals(env, vm):
     running patched source, left as it was) and on a patched destination.
     A source that migrated over rdma before refuses the capabilities
     themselves; a fresh one refuses the migrate command."""
-    def caps(target, names, state):
-        return target.qmp.cmd("migrate-set-capabilities",
-                              capabilities=[{"capability": c, "state": state} for c in names])
-
     def refused(reply, expected, what):
         error = reply.get("error", {}).get("desc", "")
         if not any(e in error for e in expected):
@@ -459,14 +460,15 @@ def refusals(env, vm):
                             (["release-ram"], ("RDMA and release-ram can't be used together",)),
                             (["return-path"], ("RDMA: a librdmamig source opens no return path",))):
         names = ["postcopy-ram"] + extra
-        reply = caps(vm, names, True)
+        reply = vm.qmp.set_capabilities(dict.fromkeys(names, True), check=False)
         if "error" not in reply:
             reply = vm.qmp.cmd("migrate", uri=env.uri())
         seen.append(refused(reply, expected, f"{names} with rdma"))
-        vm.qmp.ok("migrate-set-capabilities", capabilities=[{"capability": c, "state": False} for c in names])
+        vm.qmp.set_capabilities(dict.fromkeys(names, False))
     dst = Vm(env, "patched", incoming=True)
     dst.qmp.ok("migrate-incoming", uri=env.uri())
-    seen.append(refused(caps(dst, ["postcopy-ram"], True), ("RDMA: postcopy-ram must be set before migrate-incoming",),
+    seen.append(refused(dst.qmp.set_capabilities({"postcopy-ram": True}, check=False),
+                        ("RDMA: postcopy-ram must be set before migrate-incoming",),
                         "postcopy-ram after migrate-incoming"))
     dst.proc.kill()
     dst.proc.wait()
@@ -536,8 +538,7 @@ def start_postcopy_at_once(env, what, uri=None):
     src = Vm(env, "patched")
     dst = Vm(env, "patched", incoming=True)
     for vm in (src, dst):
-        vm.qmp.ok("migrate-set-capabilities",
-                  capabilities=[{"capability": c, "state": True} for c in ("postcopy-ram", "events")])
+        vm.qmp.set_capabilities({"postcopy-ram": True, "events": True})
     uri = uri or env.uri()
     # The destination stays up after a failure, to answer query-migrate.
     dst.qmp.ok("migrate-incoming", uri=uri, **{"exit-on-error": False})
@@ -798,10 +799,8 @@ def postcopy_measured(env, src, dst_variant, transport, preempt, pin_all):
     caps = {"postcopy-ram": True, "postcopy-preempt": preempt}
     for vm in (src, dst):
         vm.prepare(pin_all, None)
-        vm.qmp.ok("migrate-set-capabilities",
-                  capabilities=[{"capability": c, "state": v} for c, v in caps.items()])
-    dst.qmp.ok("migrate-set-capabilities",
-               capabilities=[{"capability": "postcopy-blocktime", "state": True}])
+        vm.qmp.set_capabilities(caps)
+    dst.qmp.set_capabilities({"postcopy-blocktime": True})
     # Pre-copy must not converge before the switch.
     src.qmp.ok("migrate-set-parameters", **{"downtime-limit": 1, "max-bandwidth": 0})
     uri = env.uri(transport)
@@ -897,8 +896,7 @@ def bench_postcopy(env):
             vm, _ = migrate(env, vm, dst_variant, pin_all, None, transport, quiet=True)
             continue
         vm, figures = postcopy_measured(env, vm, dst_variant, transport, preempt, pin_all)
-        vm.qmp.ok("migrate-set-capabilities",
-                  capabilities=[{"capability": c, "state": False} for c in POSTCOPY_CAPS])
+        vm.qmp.set_capabilities(dict.fromkeys(POSTCOPY_CAPS, False))
         log(f"guest-postcopy: {label}: " + " ".join(
             f"{k}={json.dumps(v, separators=(',', ':')) if isinstance(v, list) else v}" for k, v in figures.items()))
     vm.quit()
@@ -995,9 +993,7 @@ def main():
                 vm.prepare(pin_all, "")
         for pin_all in POSTCOPY_PIN_ALL:
             vm = postcopy(env, vm, pin_all)
-        vm.qmp.ok("migrate-set-capabilities",
-                  capabilities=[{"capability": c, "state": False}
-                                for c in ("postcopy-ram", "postcopy-blocktime")])
+        vm.qmp.set_capabilities({"postcopy-ram": False, "postcopy-blocktime": False})
         refusals(env, vm)
         wrong_key(env, vm)
         killed_source(env, vm)
